@@ -1,0 +1,59 @@
+# GeoServe — every target sets up what it needs on a fresh machine.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROTO_SRC := $(wildcard protos/geoserve/v1/*.proto)
+TOPOLOGY ?= topologies/small.yaml
+POLICY ?= round-robin
+PYTEST_ARGS ?=
+
+.PHONY: all venv proto proto-check lint typecheck test test-fast run bench clean help
+
+help:
+	@echo "make run    - set up and run the default emulated topology end to end"
+	@echo "make test   - set up and run lint, type checks and the whole test suite"
+	@echo "make proto  - regenerate protos/geoserve/v1/*_pb2*.py from the .proto files"
+	@echo "make lint   - ruff + mypy"
+	@echo "make bench  - run the benchmarks in bench/"
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I protos \
+	  --python_out=protos --pyi_out=protos --grpc_python_out=protos $(PROTO_SRC)
+
+# Fails when the committed generated code differs from what `make proto` produces.
+proto-check: $(STAMP)
+	@tmp=$$(mktemp -d); \
+	$(BIN)/python -m grpc_tools.protoc -I protos --python_out=$$tmp --pyi_out=$$tmp \
+	  --grpc_python_out=$$tmp $(PROTO_SRC) && \
+	for f in $$tmp/geoserve/v1/*.py $$tmp/geoserve/v1/*.pyi; do \
+	  cmp -s $$f protos/geoserve/v1/$$(basename $$f) || { echo "stale generated code: protos/geoserve/v1/$$(basename $$f) (run make proto)"; rm -rf $$tmp; exit 1; }; \
+	done; rm -rf $$tmp; echo "proto-check: generated code is current"
+
+lint: $(STAMP)
+	$(BIN)/ruff check services tests bench
+	$(BIN)/mypy services
+
+test: $(STAMP) proto-check lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -x -q tests/unit $(PYTEST_ARGS)
+
+run: $(STAMP)
+	$(BIN)/geoserve run --topology $(TOPOLOGY) --policy $(POLICY)
+
+bench: $(STAMP)
+	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
