@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name == name:  # this package offers no commands (yet)
+            if name.startswith(str(exc.name)):  # this package offers no commands (yet)
                 continue
             raise
         mod.register(sub)
