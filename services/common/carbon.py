@@ -1,0 +1,389 @@
+"""Grid carbon-intensity (CI) sources: constant values and hourly Electricity Maps traces.
+
+Rules / theory of operation
+---------------------------
+* A CI source answers two questions in emulated seconds: ``at(t_s)``, the CI in gCO2/kWh in
+  force at time ``t_s``, and ``mean(t0_s, t1_s)``, the exact time-average over ``[t0_s, t1_s]``.
+  Multiply an energy in kWh by either to get grams of CO2.
+* An hourly trace is piecewise constant: value ``values[k]`` holds on ``[k h, (k+1) h)``
+  (paper 1 §V-A: hourly CI is the finest granularity the data offer). Emulated ``t = 0`` is
+  the trace's hour ``start_hour``; the series wraps around at its end (and before its start
+  for negative times), so a year-long trace never runs out.
+* ``mean`` integrates the step function exactly via a prefix sum; it is O(1) per call.
+* Sources are immutable and deterministic; no clocks, no I/O. The loaders
+  (``load_ci_trace``, ``find_zone_trace``, ``ci_source_from_config``) read CSV files once at
+  start-up and raise ``ConfigError`` naming the file, zone or config key at fault.
+* CSV layout (``data/carbon/ci_hourly_*.csv``): column ``datetime_utc`` (ISO hour, e.g.
+  ``2022-01-01T00:00Z``) then one column per Electricity Maps zone id; consecutive rows are
+  one hour apart. Data © Electricity Maps, ODbL (see ``data/README.md``).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from services.common.errors import ConfigError, InvalidInput, UsageError
+
+SECONDS_PER_HOUR = 3600.0
+TIME_COLUMN = "datetime_utc"
+#: Default folder of the shipped traces (repo ``data/carbon``).
+DEFAULT_CARBON_DIR = Path(__file__).resolve().parents[2] / "data" / "carbon"
+
+
+class CISource(Protocol):
+    """What a datacenter, the provisioner or the carbon accountant needs from a CI signal."""
+
+    def at(self, t_s: float) -> float:
+        """CI in gCO2/kWh in force at emulated time ``t_s``."""
+        ...
+
+    def mean(self, t0_s: float, t1_s: float) -> float:
+        """Exact time-average CI in gCO2/kWh over ``[t0_s, t1_s]``."""
+        ...
+
+
+def _check_interval(t0_s: float, t1_s: float) -> None:
+    if not (math.isfinite(t0_s) and math.isfinite(t1_s)):
+        raise UsageError(f"mean(): non-finite interval [{t0_s}, {t1_s}]")
+    if t1_s < t0_s:
+        raise UsageError(f"mean(): t1_s={t1_s} is before t0_s={t0_s}")
+
+
+@dataclass(frozen=True)
+class ConstantCI:
+    """A CI that never changes (the paper's per-run constant CI, or a test fixture)."""
+
+    value: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.value) and self.value >= 0):
+            raise InvalidInput("ci", f"constant CI must be finite and >= 0, got {self.value!r}")
+
+    def at(self, t_s: float) -> float:
+        return float(self.value)
+
+    def mean(self, t0_s: float, t1_s: float) -> float:
+        _check_interval(t0_s, t1_s)
+        return float(self.value)
+
+
+@dataclass(frozen=True)
+class HourlyTraceCI:
+    """A piecewise-constant hourly series; emulated t=0 is hour ``start_hour``; wraps around."""
+
+    values: np.ndarray
+    start_hour: int = 0
+    _prefix: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        arr = np.asarray(self.values, dtype=np.float64)
+        if arr.ndim != 1 or arr.size == 0:
+            raise InvalidInput("ci.values", f"need a non-empty 1-D series, got shape {arr.shape}")
+        if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+            raise InvalidInput("ci.values", "CI values must be finite and >= 0")
+        if isinstance(self.start_hour, bool) or not isinstance(self.start_hour, int | np.integer):
+            raise InvalidInput("ci.start_hour", f"must be an integer, got {self.start_hour!r}")
+        if not 0 <= int(self.start_hour) < arr.size:
+            raise InvalidInput(
+                "ci.start_hour", f"must be in [0, {arr.size}) for a {arr.size}-hour trace, "
+                f"got {self.start_hour}"
+            )
+        arr.setflags(write=False)
+        prefix = np.concatenate(([0.0], np.cumsum(arr)))
+        prefix.setflags(write=False)
+        object.__setattr__(self, "values", arr)
+        object.__setattr__(self, "start_hour", int(self.start_hour))
+        object.__setattr__(self, "_prefix", prefix)
+
+    @property
+    def hours(self) -> int:
+        """Length of the series in hours (the wrap-around period)."""
+        return int(self.values.size)
+
+    def _hours_since_origin(self, t_s: float) -> float:
+        return self.start_hour + t_s / SECONDS_PER_HOUR
+
+    def at(self, t_s: float) -> float:
+        if not math.isfinite(t_s):
+            raise UsageError(f"at(): non-finite time {t_s}")
+        k = math.floor(self._hours_since_origin(t_s)) % self.hours
+        return float(self.values[k])
+
+    def _integral(self, h: float) -> float:
+        """Integral of the wrapped step function from hour 0 to hour ``h`` (in gCO2/kWh·h)."""
+        n = self.hours
+        cycles = math.floor(h / n)
+        rem = h - cycles * n  # in [0, n)
+        k = min(int(math.floor(rem)), n - 1)
+        frac = rem - k
+        return cycles * float(self._prefix[n]) + float(self._prefix[k]) + frac * float(
+            self.values[k]
+        )
+
+    def mean(self, t0_s: float, t1_s: float) -> float:
+        _check_interval(t0_s, t1_s)
+        if t1_s == t0_s:
+            return self.at(t0_s)
+        h0 = self._hours_since_origin(t0_s)
+        h1 = self._hours_since_origin(t1_s)
+        return (self._integral(h1) - self._integral(h0)) / (h1 - h0)
+
+
+# ------------------------------------------------------------------------------------------
+# Loaders
+
+
+def _read_header(path: Path) -> list[str]:
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            header = next(csv.reader(fh), None)
+    except OSError as exc:
+        raise ConfigError(str(path), "", f"cannot read CI trace: {exc.strerror or exc}") from exc
+    if not header or header[0] != TIME_COLUMN:
+        raise ConfigError(str(path), TIME_COLUMN, f"first column must be {TIME_COLUMN!r}")
+    return header
+
+
+def trace_zones(path: str | Path) -> tuple[str, ...]:
+    """Zone ids (columns after ``datetime_utc``) of one CI trace CSV."""
+    return tuple(_read_header(Path(path))[1:])
+
+
+def _parse_hour(path: Path, row: int, text: str) -> datetime:
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise ConfigError(
+            str(path), f"{TIME_COLUMN} (row {row})", f"not an ISO timestamp: {text!r}"
+        ) from exc
+
+
+def load_ci_trace_with_times(path: str | Path, zone: str) -> tuple[np.ndarray, datetime]:
+    """Load one zone's hourly CI (gCO2/kWh) and the UTC time of its first hour."""
+    p = Path(path)
+    header = _read_header(p)
+    try:
+        col = header.index(zone, 1)
+    except ValueError:
+        raise ConfigError(
+            str(p), zone, f"zone {zone!r} not in this CI trace; zones: {', '.join(header[1:])}"
+        ) from None
+    values: list[float] = []
+    first: datetime | None = None
+    prev: datetime | None = None
+    with p.open(newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        next(reader)
+        for i, rec in enumerate(reader, start=2):  # row 1 is the header
+            if not rec:
+                continue
+            if len(rec) != len(header):
+                raise ConfigError(
+                    str(p), f"row {i}", f"{len(rec)} fields, header has {len(header)}"
+                )
+            stamp = _parse_hour(p, i, rec[0])
+            if prev is not None and stamp - prev != timedelta(hours=1):
+                raise ConfigError(
+                    str(p), f"{TIME_COLUMN} (row {i})",
+                    f"rows must be consecutive hours; {prev.isoformat()} -> {stamp.isoformat()}",
+                )
+            if first is None:
+                first = stamp
+            prev = stamp
+            try:
+                v = float(rec[col])
+            except ValueError:
+                raise ConfigError(
+                    str(p), f"{zone} (row {i})", f"not a number: {rec[col]!r}"
+                ) from None
+            if not (math.isfinite(v) and v >= 0):
+                raise ConfigError(str(p), f"{zone} (row {i})", f"CI must be finite, >= 0: {v}")
+            values.append(v)
+    if first is None:
+        raise ConfigError(str(p), zone, "CI trace has no data rows")
+    return np.asarray(values, dtype=np.float64), first
+
+
+def load_ci_trace(path: str | Path, zone: str) -> np.ndarray:
+    """Hourly CI (gCO2/kWh) of ``zone`` from a ``datetime_utc`` + one-column-per-zone CSV."""
+    return load_ci_trace_with_times(path, zone)[0]
+
+
+def find_zone_trace(zone: str, data_dir: str | Path = DEFAULT_CARBON_DIR) -> Path:
+    """The first shipped CI CSV (in file-name order) that has a column for ``zone``.
+
+    ``data_dir`` may be the carbon folder itself or the repository's ``data/`` folder.
+    """
+    d = Path(data_dir)
+    if (d / "carbon").is_dir():
+        d = d / "carbon"
+    if not d.is_dir():
+        raise ConfigError(str(d), zone, "CI data folder does not exist")
+    seen: list[str] = []
+    for p in sorted(d.glob("*.csv")):
+        try:
+            zones = trace_zones(p)
+        except ConfigError:
+            continue  # not a CI trace (e.g. a yearly-means table)
+        if zone in zones:
+            return p
+        seen.extend(zones)
+    known = ", ".join(sorted(set(seen))) or "none"
+    raise ConfigError(str(d), zone, f"zone {zone!r} not in any CI trace; known zones: {known}")
+
+
+def hour_index(path: str | Path, zone: str, when_utc: str) -> int:
+    """Row index of the hour ``when_utc`` (ISO, e.g. ``2022-06-01T12:00Z``) in a trace."""
+    _, first = load_ci_trace_with_times(path, zone)
+    return _hour_offset(Path(path), first, when_utc, zone)
+
+
+def _hour_offset(path: Path, first: datetime, when_utc: str, key: str) -> int:
+    try:
+        when = datetime.fromisoformat(when_utc)
+    except ValueError:
+        raise ConfigError(str(path), key, f"not an ISO timestamp: {when_utc!r}") from None
+    if when.tzinfo is None:
+        raise ConfigError(str(path), key, f"timestamp needs a UTC offset (e.g. 'Z'): {when_utc!r}")
+    delta_h = (when - first).total_seconds() / SECONDS_PER_HOUR
+    if delta_h != int(delta_h):
+        raise ConfigError(str(path), key, f"{when_utc!r} is not on an hour boundary")
+    return int(delta_h)
+
+
+# ------------------------------------------------------------------------------------------
+# Registry: build a source from a config mapping
+
+
+CIBuilder = Callable[[Mapping[str, Any], str, str, Path | None], CISource]
+
+
+@dataclass(frozen=True)
+class CIKind:
+    """One entry of the CI-source registry."""
+
+    name: str
+    help: str
+    builder: CIBuilder
+
+
+def _build_constant(
+    m: Mapping[str, Any], key_path: str, source: str, base: Path | None
+) -> CISource:
+    extra = set(m) - {"constant"}
+    if extra:
+        raise ConfigError(source, key_path, f"unexpected keys with 'constant': {sorted(extra)}")
+    v = m["constant"]
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        raise ConfigError(source, f"{key_path}.constant", f"must be a number >= 0, got {v!r}")
+    return ConstantCI(float(v))
+
+
+def _build_trace(
+    m: Mapping[str, Any], key_path: str, source: str, base: Path | None
+) -> CISource:
+    extra = set(m) - {"trace", "zone", "start_hour"}
+    if extra:
+        raise ConfigError(source, key_path, f"unexpected keys with 'trace': {sorted(extra)}")
+    zone = m.get("zone")
+    if not isinstance(zone, str) or not zone:
+        raise ConfigError(source, f"{key_path}.zone", "an Electricity Maps zone id is required")
+    trace = m.get("trace")
+    if trace in (None, "auto"):
+        path = find_zone_trace(zone, base / "data" / "carbon" if base else DEFAULT_CARBON_DIR)
+    elif isinstance(trace, str | Path):
+        path = Path(trace)
+        if not path.is_absolute() and base is not None:
+            path = base / path
+        if not path.is_file():
+            raise ConfigError(source, f"{key_path}.trace", f"CI trace file not found: {path}")
+    else:
+        raise ConfigError(source, f"{key_path}.trace", f"must be a file path, got {trace!r}")
+    try:
+        values, first = load_ci_trace_with_times(path, zone)
+    except ConfigError as exc:
+        raise ConfigError(source, f"{key_path}.zone", exc.args[0] + ": " + exc.message) from exc
+    start = m.get("start_hour", 0)
+    if isinstance(start, str):
+        start = _hour_offset(path, first, start, f"{key_path}.start_hour")
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < values.size:
+        raise ConfigError(
+            source, f"{key_path}.start_hour",
+            f"must be an hour index in [0, {values.size}) or an ISO UTC hour, got {start!r}",
+        )
+    return HourlyTraceCI(values, start)
+
+
+class CIRegistry:
+    """String-keyed registry of CI-source kinds; duplicate names raise."""
+
+    def __init__(self) -> None:
+        self._kinds: dict[str, CIKind] = {}
+
+    def register(self, kind: CIKind) -> None:
+        if kind.name in self._kinds:
+            raise UsageError(f"CI source kind {kind.name!r} registered twice")
+        self._kinds[kind.name] = kind
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._kinds)
+
+    def help(self) -> dict[str, str]:
+        return {k: v.help for k, v in self._kinds.items()}
+
+    def build(
+        self,
+        mapping: Any,
+        key_path: str,
+        *,
+        source: str = "<config>",
+        base_dir: str | Path | None = None,
+    ) -> CISource:
+        if isinstance(mapping, bool):
+            raise ConfigError(source, key_path, f"expected a mapping or a number, got {mapping!r}")
+        if isinstance(mapping, int | float):
+            mapping = {"constant": mapping}
+        if not isinstance(mapping, Mapping):
+            raise ConfigError(source, key_path, f"expected a mapping, got {type(mapping).__name__}")
+        hits = [k for k in self._kinds if k in mapping]
+        if len(hits) != 1:
+            raise ConfigError(
+                source, key_path,
+                f"exactly one of {list(self._kinds)} is required, got keys {sorted(mapping)}",
+            )
+        base = Path(base_dir) if base_dir is not None else None
+        return self._kinds[hits[0]].builder(mapping, key_path, source, base)
+
+
+CI_SOURCES = CIRegistry()
+CI_SOURCES.register(CIKind("constant", "constant CI in gCO2/kWh, e.g. {constant: 300}",
+                           _build_constant))
+CI_SOURCES.register(CIKind(
+    "trace",
+    "hourly EM trace: {trace: data/carbon/<file>.csv | auto, zone: NL, "
+    "start_hour: 12 | '2022-06-01T12:00Z'}",
+    _build_trace,
+))
+
+
+def ci_source_from_config(
+    mapping: Any,
+    key_path: str,
+    *,
+    source: str = "<config>",
+    base_dir: str | Path | None = None,
+) -> CISource:
+    """Build a CI source from a config value (``{constant: 300}``, a bare number, or
+    ``{trace: path|auto, zone: NL, start_hour: 12}``); errors name ``source`` and ``key_path``.
+
+    Relative trace paths are resolved against ``base_dir`` (e.g. the repository root) when given.
+    """
+    return CI_SOURCES.build(mapping, key_path, source=source, base_dir=base_dir)
