@@ -1,0 +1,133 @@
+"""gRPC runtime helpers: server assembly, error mapping, health, shutdown, addresses.
+
+* `ErrorMappingInterceptor` maps domain errors (`services.common.errors`) raised by unary
+  handlers to status codes: InvalidInput -> INVALID_ARGUMENT, CapacityExceeded ->
+  RESOURCE_EXHAUSTED, Unavailable -> UNAVAILABLE, UsageError -> FAILED_PRECONDITION.
+* `start_server` adds the standard health service (aio servicer) and reflection.
+* `install_signal_handlers` runs a coroutine on SIGTERM/SIGINT (drain, then stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.common.errors import GeoServeError, InvalidInput
+
+STATUS = {
+    "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
+    "RESOURCE_EXHAUSTED": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
+    "FAILED_PRECONDITION": grpc.StatusCode.FAILED_PRECONDITION,
+    "INTERNAL": grpc.StatusCode.INTERNAL,
+}
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+]
+
+
+def status_of(exc: GeoServeError) -> grpc.StatusCode:
+    return STATUS.get(exc.status_code, grpc.StatusCode.INTERNAL)
+
+
+class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+    """Turns domain errors of unary handlers into gRPC status codes."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner = handler.unary_unary
+
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                return await inner(request, context)
+            except GeoServeError as exc:
+                await context.abort(status_of(exc), str(exc))
+
+        return grpc.unary_unary_rpc_method_handler(
+            wrapped,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+async def start_server(
+    adders: Sequence[tuple[Callable[[Any, grpc.aio.Server], None], Any]],
+    service_names: Sequence[str],
+    address: str,
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
+    """Create, populate and start an aio server; returns (server, health, bound port)."""
+    server = grpc.aio.server(interceptors=[ErrorMappingInterceptor()], options=CHANNEL_OPTIONS)
+    for add, servicer in adders:
+        add(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
+    reflection.enable_server_reflection(names, server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise InvalidInput("address", f"cannot bind {address!r}")
+    await server.start()
+    for name in [*service_names, ""]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, health_servicer, port
+
+
+async def set_not_serving(health_servicer: health.aio.HealthServicer) -> None:
+    await health_servicer.enter_graceful_shutdown()
+
+
+def install_signal_handlers(on_stop: Callable[[], Awaitable[None]]) -> None:
+    loop = asyncio.get_running_loop()
+    fired = False
+
+    def handler() -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            loop.create_task(on_stop())
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, handler)
+
+
+def env_or(name: str, default: str | None) -> str:
+    """An address/port from the environment, failing clearly when required and missing."""
+    value = os.environ.get(name, default)
+    if value is None or value == "":
+        raise InvalidInput(name, "required environment variable is not set")
+    return value
+
+
+async def wait_healthy(address: str, timeout_s: float = 30.0, service: str = "") -> None:
+    """Poll a server's health service until SERVING or the timeout passes."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    last: Exception | None = None
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while loop.time() < deadline:
+            try:
+                r = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError as exc:
+                last = exc
+            await asyncio.sleep(0.05)
+    raise TimeoutError(f"{address} not healthy after {timeout_s}s: {last}")

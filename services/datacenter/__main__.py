@@ -1,0 +1,74 @@
+"""``python -m services.datacenter``: run one datacenter service."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from services.common.calibration import load_calibration
+from services.common.clock import WallClock
+from services.common.errors import GeoServeError
+from services.datacenter.dc import DcConfig, FixedCI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m services.datacenter", description=__doc__)
+    p.add_argument("--topology", help="topology YAML; with --dc, take the DC's settings from it")
+    p.add_argument("--dc", default=os.environ.get("GEOSERVE_DC", ""), help="DC name")
+    p.add_argument("--region", default="local")
+    p.add_argument("--zone", default="")
+    p.add_argument("--setup", default="a100-40gb/llama-3.1-8b-tp1", help="calibration setup")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--pue", type=float, default=1.1)
+    p.add_argument("--ci", type=float, default=300.0, help="constant grid CI, gCO2/kWh")
+    p.add_argument("--routing", default="round-robin", choices=["round-robin", "least-loaded"])
+    p.add_argument("--max-queue", type=int, default=4096, help="waiting requests per engine")
+    p.add_argument("--address", default=None, help="listen address (default [::]:$PORT)")
+    p.add_argument("--dilation", type=float, default=1.0, help="time dilation factor k >= 1")
+    p.add_argument("--epoch", type=float, default=None, help="run epoch, unix seconds")
+    p.add_argument("--drain-grace", type=float, default=5.0, help="SIGTERM drain, wall s")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = build_parser().parse_args(argv)
+    from services.datacenter.dc import Datacenter
+    from services.datacenter.server import serve
+
+    try:
+        address = args.address or f"[::]:{os.environ.get('PORT', '50051')}"
+        if args.topology:
+            from services.runner.topology import build_datacenter, load_topology
+
+            topo = load_topology(args.topology)
+            dc = build_datacenter(topo, args.dc)
+            clock = WallClock(args.dilation or topo.dilation, args.epoch)
+        else:
+            cal = load_calibration(args.setup)
+            cfg = DcConfig(
+                name=args.dc or "dc",
+                region=args.region,
+                zone=args.zone,
+                nodes=args.nodes,
+                gpus_per_node=args.gpus_per_node,
+                setup=args.setup,
+                pue=args.pue,
+                routing=args.routing,
+                max_queue_per_engine=args.max_queue,
+            )
+            clock = WallClock(args.dilation, args.epoch)
+            dc = Datacenter(cfg, cal, FixedCI(args.ci), start_s=clock.now())
+        asyncio.run(serve(dc, address, clock, args.drain_grace))
+    except GeoServeError as exc:
+        print(f"datacenter: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

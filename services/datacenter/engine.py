@@ -1,0 +1,493 @@
+"""A sans-IO vLLM-style continuous-batching engine (paper 1 §III-C, DESIGN §4).
+
+Theory of operation
+-------------------
+The engine is a state machine driven by its runtime, which owns the clock:
+
+    plan = engine.next_step(now)        # None: nothing to do (idle)
+    ... runtime waits plan.duration_s (sleeps, or advances a virtual clock) ...
+    events = engine.complete_step(plan.end_s)
+
+Requests enter with `enqueue(req, now)`; they are validated (ISL >= 1, OSL >= 1,
+ISL + OSL <= max_model_len) and refused when the waiting queue is full.
+
+Rules of one iteration (vLLM 0.6 semantics, prefill-first scheduling):
+
+1. *Retire*: a request leaves the running batch the moment its last token is produced
+   (its KV blocks are freed then), which is equivalent to retiring at the next iteration.
+2. *Admit* (at the start of an iteration only): FIFO from the waiting queue while the
+   batch is below ``max_num_seqs`` and the request's prompt KV (whole blocks) fits in the
+   free KV memory. Head-of-line blocking: a request that does not fit stops admission.
+3. *Prefill*: while any running request has prompt tokens left, run prefill steps; each
+   takes up to ``max_num_batched_tokens`` tokens FIFO across those requests (a longer
+   prompt is split over consecutive steps: chunked prefill) and stalls decode. A request's
+   first token is produced at the end of the step that finishes its prompt.
+4. *Decode*: one step for the whole batch, one token per running request. Before it, each
+   request that crosses a block boundary needs one more KV block; if none is free the most
+   recently admitted request is *preempted* (vLLM's recompute mode): its blocks are freed,
+   it goes back to the front of the waiting queue, and when re-admitted it re-prefills its
+   prompt plus the tokens it had generated (producing its next token, not a new first one).
+5. Step time and energy come from `PerfModel`; each step's energy is shared among the
+   requests in the step (by tokens for prefill, equally for decode).
+
+Energy: step energy (GPU active), plus idle power of the engine's GPUs while no request is
+in the pipeline (nothing running or waiting). Host power is the datacenter's.
+
+Counters for the provisioner: running batch, queue tokens (waiting prompts plus unfinished
+prefill of running requests), KV tokens and block occupancy, prefill duty (fraction of the
+last ``duty_window_s`` spent in prefill steps).
+
+Errors: `InvalidInput` for a bad request, `CapacityExceeded` for a full queue, `UsageError`
+for runtime misuse (completing a step never planned, time going backwards).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.common.calibration import Calibration
+from services.common.errors import CapacityExceeded, InvalidInput, UsageError
+from services.datacenter.perfmodel import PerfModel
+
+PREFILL = "prefill"
+DECODE = "decode"
+
+# Event kinds
+ADMITTED = "admitted"
+FIRST_TOKEN = "first_token"
+FINISHED = "finished"
+PREEMPTED = "preempted"
+
+
+@dataclass
+class EngineRequest:
+    """Mutable per-request state inside one engine."""
+
+    id: str
+    isl_tokens: int
+    osl_tokens: int
+    arrival_s: float
+    payload: Any = None            # opaque to the engine (e.g. the runtime's proto message)
+    prefill_target: int = 0        # tokens to prefill: prompt (+ generated when recomputing)
+    prefill_done: int = 0
+    generated: int = 0
+    blocks: int = 0
+    admitted_s: float = math.nan
+    first_token_s: float = math.nan
+    last_token_s: float = math.nan
+    preemptions: int = 0
+    prefilled_tokens: int = 0      # all prefill work, recomputation included
+    energy_j: float = 0.0
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens whose KV is cached: prompt plus generated tokens."""
+        return self.isl_tokens + self.generated
+
+
+@dataclass(frozen=True)
+class FinishedRequest:
+    """Terminal facts about a completed request (engine-local times, emulated seconds)."""
+
+    id: str
+    arrival_s: float
+    admitted_s: float
+    first_token_s: float
+    completed_s: float
+    isl_tokens: int
+    output_tokens: int
+    prefilled_tokens: int
+    preemptions: int
+    energy_j: float
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float:
+        if self.output_tokens <= 1:
+            return 0.0
+        return (self.completed_s - self.first_token_s) / (self.output_tokens - 1)
+
+    @property
+    def queue_s(self) -> float:
+        return self.admitted_s - self.arrival_s
+
+
+@dataclass(frozen=True)
+class EngineEvent:
+    kind: str
+    request_id: str
+    time_s: float
+    payload: Any = None
+    finished: FinishedRequest | None = None
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    kind: str                      # PREFILL or DECODE
+    start_s: float
+    duration_s: float
+    energy_j: float
+    n_requests: int
+    n_tokens: int                  # prefill tokens, or tokens generated by the decode step
+    kv_tokens: int                 # cached tokens read (decode)
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+
+@dataclass
+class EngineCounters:
+    running: int
+    waiting: int
+    queue_tokens: int
+    kv_tokens: int
+    kv_occupancy_ratio: float
+    prefill_duty_ratio: float
+    steps: int
+
+
+@dataclass
+class EngineConfig:
+    max_queue: int = 4096          # waiting requests before RESOURCE_EXHAUSTED
+    duty_window_s: float = 1.0     # window of the prefill-duty counter
+    watermark_ratio: float = 0.01  # free KV blocks kept back at admission (vLLM default)
+
+
+@dataclass
+class _Energy:
+    active_j: float = 0.0
+    idle_j: float = 0.0
+
+
+@dataclass
+class _StepWork:
+    plan: StepPlan
+    chunks: list[tuple[EngineRequest, int]] = field(default_factory=list)
+    batch: list[EngineRequest] = field(default_factory=list)
+
+
+class Engine:
+    """One inference engine (TP GPUs) emulating vLLM continuous batching."""
+
+    def __init__(
+        self,
+        cal: Calibration,
+        name: str = "engine",
+        config: EngineConfig | None = None,
+        start_s: float = 0.0,
+        perf: PerfModel | None = None,
+    ) -> None:
+        self.cal = cal
+        self.name = name
+        self.config = config or EngineConfig()
+        self.perf = perf or PerfModel(cal)
+        spec = cal.engine
+        self.max_num_seqs = spec.max_num_seqs
+        self.token_budget = spec.max_num_batched_tokens
+        self.block_tokens = spec.kv_block_tokens
+        self.max_model_len = spec.max_model_len
+        self.total_blocks = spec.kv_capacity_tokens(cal.tp) // self.block_tokens
+        self.watermark_blocks = int(self.total_blocks * self.config.watermark_ratio)
+        self.free_blocks = self.total_blocks
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []
+        self._phase_start = True           # next call to next_step starts an iteration
+        self._work: _StepWork | None = None
+        self._now = start_s
+        self._idle_since: float | None = start_s
+        self.energy = _Energy()
+        self.steps = 0
+        self.prefill_steps = 0
+        self.decode_steps = 0
+        self.preemptions = 0
+        self._waiting_tokens = 0           # prompt tokens of waiting requests
+        self._kv_tokens = 0                # cached tokens of running requests
+        self._prefill_intervals: deque[tuple[float, float]] = deque()
+
+    # ------------------------------------------------------------------ admission
+    def validate(self, isl: int, osl: int) -> None:
+        """Raise `InvalidInput` naming the field when a request cannot be served here."""
+        if isl < 1:
+            raise InvalidInput("isl_tokens", f"must be >= 1, got {isl}")
+        if osl < 1:
+            raise InvalidInput("osl_tokens", f"must be >= 1, got {osl}")
+        if isl + osl > self.max_model_len:
+            raise InvalidInput(
+                "isl_tokens",
+                f"isl_tokens + osl_tokens = {isl + osl} exceeds the model context "
+                f"max_model_len={self.max_model_len} of {self.cal.model}",
+            )
+
+    def enqueue(self, req: EngineRequest, now: float) -> None:
+        """Add a request to the waiting queue (validated; refused when the queue is full).
+
+        `now` is the request's arrival; it may be later than the start of a step in
+        flight (a wall-clock runtime wakes up late), so it does not advance the step clock.
+        """
+        self.validate(req.isl_tokens, req.osl_tokens)
+        if len(self.waiting) >= self.config.max_queue:
+            raise CapacityExceeded(
+                f"engine {self.name}: waiting queue full ({self.config.max_queue} requests)"
+            )
+        req.prefill_target = req.isl_tokens
+        self._leave_idle(now)
+        self.waiting.append(req)
+        self._waiting_tokens += req.prefill_target
+
+    # ------------------------------------------------------------------ stepping
+    @property
+    def busy(self) -> bool:
+        """True while a planned step has not been completed."""
+        return self._work is not None
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def next_step(self, now: float) -> StepPlan | None:
+        """Plan the next step starting at `now`, or None when there is nothing to run.
+
+        None with requests still waiting means they all arrived after `now`; plan again
+        at a later time.
+        """
+        if self._work is not None:
+            raise UsageError(f"engine {self.name}: step planned at {self._work.plan.start_s} "
+                             "not completed")
+        self._advance(now)
+        if self._phase_start:
+            self._admit(now)
+        pending = [r for r in self.running if r.prefill_done < r.prefill_target]
+        if pending:
+            work = self._plan_prefill(pending, now)
+        else:
+            self._phase_start = True
+            if not self.running:
+                return None
+            work = self._plan_decode(now)
+            if work is None:
+                return self.next_step(now) if self.running or self.waiting else None
+        self._work = work
+        return work.plan
+
+    def complete_step(self, now: float) -> list[EngineEvent]:
+        """Apply the planned step, which ended at `now`; returns the resulting events."""
+        work = self._work
+        if work is None:
+            raise UsageError(f"engine {self.name}: complete_step without a planned step")
+        if now + 1e-9 < work.plan.start_s:
+            raise UsageError(f"engine {self.name}: step ends at {now} before it started")
+        self._work = None
+        self._advance(now)
+        plan = work.plan
+        self.steps += 1
+        self.energy.active_j += plan.energy_j
+        events: list[EngineEvent] = []
+        if plan.kind == PREFILL:
+            self.prefill_steps += 1
+            self._prefill_intervals.append((plan.start_s, now))
+            while self._prefill_intervals[0][1] <= now - self.config.duty_window_s:
+                self._prefill_intervals.popleft()
+            total = max(plan.n_tokens, 1)
+            for req, chunk in work.chunks:
+                req.prefill_done += chunk
+                req.prefilled_tokens += chunk
+                req.energy_j += plan.energy_j * chunk / total
+                if req.prefill_done >= req.prefill_target:
+                    self._produce_token(req, now, events)
+            # the iteration continues with more prefill or its decode step
+            self._phase_start = False
+        else:
+            self.decode_steps += 1
+            share = plan.energy_j / max(len(work.batch), 1)
+            for req in work.batch:
+                req.energy_j += share
+                self._produce_token(req, now, events)
+            self._phase_start = True
+        if not self.running and not self.waiting:
+            self._idle_since = now
+        return events
+
+    def _produce_token(self, req: EngineRequest, now: float, events: list[EngineEvent]) -> None:
+        req.generated += 1
+        self._kv_tokens += 1
+        req.last_token_s = now
+        if math.isnan(req.first_token_s):
+            req.first_token_s = now
+            events.append(EngineEvent(FIRST_TOKEN, req.id, now, req.payload))
+        if req.generated >= req.osl_tokens:
+            self._retire(req)
+            fin = FinishedRequest(
+                id=req.id,
+                arrival_s=req.arrival_s,
+                admitted_s=req.admitted_s,
+                first_token_s=req.first_token_s,
+                completed_s=now,
+                isl_tokens=req.isl_tokens,
+                output_tokens=req.generated,
+                prefilled_tokens=req.prefilled_tokens,
+                preemptions=req.preemptions,
+                energy_j=req.energy_j,
+            )
+            events.append(EngineEvent(FINISHED, req.id, now, req.payload, fin))
+
+    def _retire(self, req: EngineRequest) -> None:
+        self.running.remove(req)
+        self.free_blocks += req.blocks
+        self._kv_tokens -= req.context_tokens
+        req.blocks = 0
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_tokens)
+
+    def _admit(self, now: float) -> None:
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            if req.arrival_s > now + 1e-12:
+                break  # arrived after this iteration started (late wake-up of a runtime)
+            need = self._blocks_for(req.prefill_target)
+            if need > self.free_blocks - self.watermark_blocks and self.running:
+                break
+            if need > self.free_blocks:
+                break
+            self.waiting.popleft()
+            self._waiting_tokens -= req.prefill_target
+            self.free_blocks -= need
+            req.blocks = need
+            self._kv_tokens += req.context_tokens
+            if math.isnan(req.admitted_s):
+                req.admitted_s = now
+            self.running.append(req)
+
+    def _plan_prefill(self, pending: list[EngineRequest], now: float) -> _StepWork:
+        budget = self.token_budget
+        chunks: list[tuple[EngineRequest, int]] = []
+        n_tokens = 0
+        sum_sq = 0.0
+        for req in pending:
+            if budget <= 0:
+                break
+            chunk = min(req.prefill_target - req.prefill_done, budget)
+            chunks.append((req, chunk))
+            budget -= chunk
+            n_tokens += chunk
+            sum_sq += float(chunk) * chunk
+        dur = self.perf.prefill_time(n_tokens, len(chunks), sum_sq)
+        energy = self.perf.prefill_energy(n_tokens, sum_sq)
+        plan = StepPlan(PREFILL, now, dur, energy, len(chunks), n_tokens, 0)
+        return _StepWork(plan, chunks=chunks)
+
+    def _plan_decode(self, now: float) -> _StepWork | None:
+        # Grow KV by one token per request; preempt the newest request when blocks run out.
+        i = 0
+        while i < len(self.running):
+            req = self.running[i]
+            need = self._blocks_for(req.context_tokens + 1) - req.blocks
+            if need <= 0:
+                i += 1
+                continue
+            if self.free_blocks >= need:
+                self.free_blocks -= need
+                req.blocks += need
+                i += 1
+                continue
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is req:
+                continue  # req itself was preempted; index i now points past the end or next
+        if not self.running:
+            return None
+        batch = list(self.running)
+        kv = self._kv_tokens
+        dur = self.perf.decode_time(len(batch), kv)
+        energy = self.perf.decode_energy(len(batch), kv)
+        plan = StepPlan(DECODE, now, dur, energy, len(batch), len(batch), kv)
+        return _StepWork(plan, batch=batch)
+
+    def _preempt(self, req: EngineRequest) -> None:
+        self.running.remove(req)
+        self.free_blocks += req.blocks
+        self._kv_tokens -= req.context_tokens
+        req.blocks = 0
+        req.preemptions += 1
+        self.preemptions += 1
+        req.prefill_target = req.isl_tokens + req.generated
+        req.prefill_done = 0
+        self.waiting.appendleft(req)
+        self._waiting_tokens += req.prefill_target
+
+    # ------------------------------------------------------------------ failure
+    def fail_all(self, now: float) -> list[EngineRequest]:
+        """Drop every request in the pipeline (crash/drain); returns them for recording."""
+        if self._work is not None:
+            self._work = None
+        self._advance(now)
+        dropped = list(self.running) + list(self.waiting)
+        for req in self.running:
+            self.free_blocks += req.blocks
+            req.blocks = 0
+        self.running.clear()
+        self.waiting.clear()
+        self._waiting_tokens = 0
+        self._kv_tokens = 0
+        self._phase_start = True
+        if self._idle_since is None:
+            self._idle_since = now
+        return dropped
+
+    # ------------------------------------------------------------------ accounting
+    def _advance(self, now: float) -> None:
+        if now + 1e-9 < self._now:
+            raise UsageError(f"engine {self.name}: time went backwards ({now} < {self._now})")
+        self._now = max(self._now, now)
+
+    def _leave_idle(self, now: float) -> None:
+        if self._idle_since is not None:
+            self.energy.idle_j += max(0.0, now - self._idle_since) * self.perf.idle_w
+            self._idle_since = None
+
+    def idle_energy_j(self, now: float) -> float:
+        """Idle energy so far, the current idle period up to `now` included."""
+        extra = 0.0
+        if self._idle_since is not None and now > self._idle_since:
+            extra = (now - self._idle_since) * self.perf.idle_w
+        return self.energy.idle_j + extra
+
+    def prefill_duty(self, now: float) -> float:
+        """Fraction of the last ``duty_window_s`` spent in prefill steps."""
+        w = self.config.duty_window_s
+        lo = now - w
+        q = self._prefill_intervals
+        while q and q[0][1] <= lo:
+            q.popleft()
+        busy = 0.0
+        for s, e in q:
+            busy += max(0.0, min(e, now) - max(s, lo))
+        work = self._work
+        if work is not None and work.plan.kind == PREFILL and now > work.plan.start_s:
+            busy += now - max(work.plan.start_s, lo)
+        return min(busy / w, 1.0) if w > 0 else 0.0
+
+    def counters(self, now: float) -> EngineCounters:
+        unfinished = sum(r.prefill_target - r.prefill_done for r in self.running)
+        used = self.total_blocks - self.free_blocks
+        return EngineCounters(
+            running=len(self.running),
+            waiting=len(self.waiting),
+            queue_tokens=self._waiting_tokens + unfinished,
+            kv_tokens=self._kv_tokens,
+            kv_occupancy_ratio=used / self.total_blocks if self.total_blocks else 0.0,
+            prefill_duty_ratio=self.prefill_duty(now),
+            steps=self.steps,
+        )
+
+    def pipeline(self) -> Iterable[EngineRequest]:
+        yield from self.running
+        yield from self.waiting

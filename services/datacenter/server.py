@@ -1,0 +1,305 @@
+"""The datacenter gRPC service: the `Datacenter` core driven by the wall clock.
+
+Each engine is an asyncio task that plans a step, sleeps until the step's planned end
+(absolute deadlines, so wake-up lateness does not accumulate), records how late it woke
+up, completes the step and delivers the events to the stream that submitted each request.
+When a wake-up is later than ``resync_s`` the engine restarts its schedule from the
+actual time and counts a resync (the run is then marked unfaithful).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import grpc
+from geoserve.v1 import common_pb2 as pb
+from geoserve.v1 import datacenter_pb2 as dpb
+from geoserve.v1 import datacenter_pb2_grpc as dgrpc
+
+from services.common.clock import WallClock
+from services.common.errors import GeoServeError, InvalidInput
+from services.common.grpcutil import install_signal_handlers, set_not_serving, start_server
+from services.datacenter.convert import counters_to_proto, failed_record, finished_record
+from services.datacenter.dc import Datacenter
+from services.datacenter.engine import FINISHED, FIRST_TOKEN, EngineEvent, EngineRequest
+
+log = logging.getLogger("geoserve.datacenter")
+
+Sink = Callable[[pb.RequestEvent], None]
+
+
+@dataclass
+class _Ticket:
+    """Per-request runtime context carried as the engine request's payload."""
+
+    request: pb.Request
+    sink: Sink | None
+    dc_arrival_s: float
+    engine: str = ""
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class WallDcRuntime:
+    """Runs the engines of a `Datacenter` in wall-clock time (time-dilated)."""
+
+    def __init__(self, dc: Datacenter, clock: WallClock, resync_s: float = 0.05) -> None:
+        self.dc = dc
+        self.clock = clock
+        self.resync_s = resync_s
+        self._wake = [asyncio.Event() for _ in dc.engines]
+        self._tasks: list[asyncio.Task[None]] = []
+        self.records: deque[pb.RequestRecord] = deque(maxlen=100_000)
+        self.stopped = False
+
+    def start(self) -> None:
+        for i in range(len(self.dc.engines)):
+            self._tasks.append(asyncio.create_task(self._engine_loop(i), name=f"engine-{i}"))
+
+    async def stop(self) -> None:
+        self.stopped = True
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ---------------------------------------------------------------- submission
+    def submit(self, request: pb.Request, sink: Sink | None) -> tuple[int, float]:
+        """Validate, route and enqueue; raises a domain error (the caller records it)."""
+        now = self.clock.now()
+        _check_request(request)
+        ticket = _Ticket(request, sink, now)
+        ereq = EngineRequest(
+            id=request.id,
+            isl_tokens=request.isl_tokens,
+            osl_tokens=request.osl_tokens,
+            arrival_s=now,
+            payload=ticket,
+        )
+        idx = self.dc.submit(ereq, request.model, now)
+        ticket.engine = self.dc.engines[idx].name
+        self._wake[idx].set()
+        return idx, now
+
+    def reject(self, request: pb.Request, exc: GeoServeError, sink: Sink | None) -> None:
+        """Record a refused request and deliver its REJECTED record."""
+        now = self.clock.now()
+        self.dc.rejected += 1
+        rec = failed_record(
+            request, pb.REJECTED, str(exc), exc.status_code, self.dc.config.name, now
+        )
+        self._deliver(rec, sink, now)
+
+    def _deliver(self, rec: pb.RequestRecord, sink: Sink | None, now: float) -> None:
+        self.records.append(rec)
+        if sink is not None:
+            sink(
+                pb.RequestEvent(
+                    kind=pb.FINISHED,
+                    request_id=rec.request.id,
+                    time_s=now,
+                    record=rec,
+                    dc=self.dc.config.name,
+                )
+            )
+
+    # ---------------------------------------------------------------- engines
+    async def _engine_loop(self, idx: int) -> None:
+        eng = self.dc.engines[idx]
+        wake = self._wake[idx]
+        t = self.clock.now()
+        while not self.stopped:
+            plan = eng.next_step(max(t, eng._now))
+            if plan is None:
+                if eng.waiting:  # arrivals after t: plan again from the actual time
+                    t = self.clock.now()
+                    continue
+                wake.clear()
+                await wake.wait()
+                t = self.clock.now()
+                continue
+            lateness = await self.clock.sleep_until(plan.end_s)
+            self.dc.lateness.add(max(lateness, 0.0))
+            events = eng.complete_step(plan.end_s)
+            self._dispatch(idx, events)
+            if lateness > self.resync_s:
+                self.dc.lateness.resyncs += 1
+                t = self.clock.now()
+            else:
+                t = plan.end_s
+
+    def _dispatch(self, idx: int, events: list[EngineEvent]) -> None:
+        name = self.dc.config.name
+        for ev in events:
+            ticket: _Ticket = ev.payload
+            if ev.kind == FIRST_TOKEN:
+                if ticket.sink is not None:
+                    ticket.sink(
+                        pb.RequestEvent(
+                            kind=pb.FIRST_TOKEN, request_id=ev.request_id, time_s=ev.time_s, dc=name
+                        )
+                    )
+            elif ev.kind == FINISHED and ev.finished is not None:
+                self.dc.completed += 1
+                rec = finished_record(ticket.request, ev.finished, name, ticket.engine)
+                self._deliver(rec, ticket.sink, ev.time_s)
+
+    def fail_in_flight(self, reason: str, status: str = "UNAVAILABLE") -> int:
+        now = self.clock.now()
+        dropped = self.dc.fail_all(now)
+        for idx, req in dropped:
+            ticket: _Ticket = req.payload
+            self.dc.failed += 1
+            rec = failed_record(
+                ticket.request, pb.FAILED, reason, status, self.dc.config.name, now,
+                engine=self.dc.engines[idx].name, dc_arrival_s=ticket.dc_arrival_s,
+            )
+            self._deliver(rec, ticket.sink, now)
+        return len(dropped)
+
+
+def _check_request(r: pb.Request) -> None:
+    if not r.id:
+        raise InvalidInput("request.id", "must be a non-empty string")
+    if r.isl_tokens < 1:
+        raise InvalidInput("request.isl_tokens", f"must be >= 1, got {r.isl_tokens}")
+    if r.osl_tokens < 1:
+        raise InvalidInput("request.osl_tokens", f"must be >= 1, got {r.osl_tokens}")
+
+
+class DatacenterService(dgrpc.DatacenterServicer):
+    def __init__(self, runtime: WallDcRuntime) -> None:
+        self.rt = runtime
+
+    async def SubmitStream(  # noqa: N802 (gRPC method name)
+        self, request_iterator: AsyncIterator[dpb.SubmitRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.RequestEvent]:
+        out: asyncio.Queue[pb.RequestEvent | None] = asyncio.Queue()
+        sink = out.put_nowait
+        pending = 0
+        reading_done = False
+
+        async def reader() -> None:
+            nonlocal pending, reading_done
+            async for msg in request_iterator:
+                req = msg.request
+                try:
+                    _, now = self.rt.submit(req, sink)
+                    pending += 1
+                    sink(pb.RequestEvent(kind=pb.ACCEPTED, request_id=req.id, time_s=now,
+                                         dc=self.rt.dc.config.name))
+                except GeoServeError as exc:
+                    self.rt.reject(req, exc, sink)
+            reading_done = True
+            out.put_nowait(None)
+
+        task = asyncio.create_task(reader())
+        try:
+            while True:
+                ev = await out.get()
+                if ev is None:
+                    if reading_done and pending == 0:
+                        break
+                    continue
+                if ev.kind == pb.FINISHED and ev.record.state != pb.REJECTED:
+                    pending -= 1
+                yield ev
+                if reading_done and pending == 0 and out.empty():
+                    break
+        finally:
+            task.cancel()
+
+    async def Submit(  # noqa: N802
+        self, request: dpb.SubmitRequest, context: grpc.aio.ServicerContext
+    ) -> dpb.SubmitAck:
+        try:
+            idx, now = self.rt.submit(request.request, None)
+        except GeoServeError as exc:
+            self.rt.reject(request.request, exc, None)
+            raise
+        return dpb.SubmitAck(
+            request_id=request.request.id, engine=self.rt.dc.engines[idx].name, time_s=now
+        )
+
+    async def GetState(  # noqa: N802
+        self, request: dpb.GetStateRequest, context: grpc.aio.ServicerContext
+    ) -> dpb.DcStateReply:
+        now = self.rt.clock.now()
+        c = self.rt.dc.counters(now, per_engine=request.include_engines)
+        return counters_to_proto(self.rt.dc, c, names=[e.name for e in self.rt.dc.engines])
+
+    async def SetFrequency(  # noqa: N802
+        self, request: dpb.SetFrequencyRequest, context: grpc.aio.ServicerContext
+    ) -> dpb.SetFrequencyReply:
+        self.rt.dc.accrue(self.rt.clock.now())
+        level = self.rt.dc.set_frequency(request.gpu_frequency_mhz)
+        p = self.rt.dc.perf
+        return dpb.SetFrequencyReply(
+            gpu_frequency_mhz=level,
+            prefill_time_factor=p.prefill_time_factor,
+            decode_time_factor=p.decode_time_factor,
+        )
+
+    async def ApplyCarmPlan(  # noqa: N802
+        self, request: dpb.CarmSlotPlan, context: grpc.aio.ServicerContext
+    ) -> dpb.CarmSlotAck:
+        now = self.rt.clock.now()
+        self.rt.dc.apply_carm(now, request.training_power_w, request.renewable_supply_w)
+        level = self.rt.dc.perf.frequency_mhz
+        if request.gpu_frequency_mhz > 0:
+            level = self.rt.dc.set_frequency(request.gpu_frequency_mhz)
+        return dpb.CarmSlotAck(gpu_frequency_mhz=level)
+
+    async def Drain(  # noqa: N802
+        self, request: dpb.DrainRequest, context: grpc.aio.ServicerContext
+    ) -> dpb.DrainReply:
+        if request.grace_s < 0:
+            raise InvalidInput("grace_s", f"must be >= 0, got {request.grace_s}")
+        completed, failed = await drain(self.rt, request.grace_s)
+        return dpb.DrainReply(completed=completed, failed=failed)
+
+
+async def drain(rt: WallDcRuntime, grace_s: float) -> tuple[int, int]:
+    """Refuse new requests, let running ones finish for `grace_s` (emulated), fail the rest."""
+    rt.dc.draining = True
+    before = rt.dc.completed
+    deadline = rt.clock.now() + grace_s
+    while rt.dc.in_flight() and rt.clock.now() < deadline:
+        await rt.clock.sleep(min(0.05, max(deadline - rt.clock.now(), 0.0)))
+    failed = rt.fail_in_flight("datacenter drained before the request finished")
+    return rt.dc.completed - before, failed
+
+
+async def serve(
+    dc: Datacenter,
+    address: str,
+    clock: WallClock,
+    drain_grace_s: float = 5.0,
+    ready: asyncio.Event | None = None,
+) -> None:
+    """Run the datacenter service until SIGTERM/SIGINT (then drain and stop)."""
+    rt = WallDcRuntime(dc, clock)
+    rt.start()
+    service = DatacenterService(rt)
+    server, health_servicer, port = await start_server(
+        [(dgrpc.add_DatacenterServicer_to_server, service)],
+        [dpb.DESCRIPTOR.services_by_name["Datacenter"].full_name],
+        address,
+    )
+    log.info("datacenter %s serving on port %d (%d engines)", dc.config.name, port,
+             len(dc.engines))
+    stopping = asyncio.Event()
+
+    async def on_stop() -> None:
+        await set_not_serving(health_servicer)
+        await drain(rt, drain_grace_s / clock.dilation)
+        await server.stop(1.0)
+        stopping.set()
+
+    install_signal_handlers(on_stop)
+    if ready is not None:
+        ready.set()
+    await stopping.wait()
+    await rt.stop()
