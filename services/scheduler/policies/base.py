@@ -1,0 +1,231 @@
+"""Common interface, result type and fallback chain of the scheduling policies.
+
+Rules / theory of operation
+---------------------------
+* A policy is a plain object: ``decide(requests, snapshot, region, now_s) -> Decision``.
+  It never sleeps, reads a clock or does I/O; solver wall time is measured only through
+  the injected ``clock`` (a ``Callable[[], float]``; the default returns 0.0 so cores stay
+  deterministic) and randomness only through the injected ``numpy.random.Generator``.
+* ``batch`` tells the caller whether the policy wants a window of requests (Δw = 100 ms or
+  300 requests); every policy also accepts a one-request window.
+* Per-scheduler state (round-robin cursor, counters, budgets) lives in the policy object,
+  never in module globals, so two schedulers in one process do not interact.
+* DCs with ``up=False`` (or not serving the request's model) are never chosen. When no DC
+  can take a request at all, its target is None and the caller rejects it (UNAVAILABLE).
+* Fallback chain (paper 1 §V-A): solver failure or no capacity -> the lowest-carbon
+  SLO-feasible DC with headroom left in this window -> round-robin over the eligible DCs.
+  Every fallback is flagged per request, with a reason, and counted in `PolicyStats`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from services.common.state import RequestView, SnapshotView
+from services.scheduler.estimator import Estimates, Estimator
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+FloatArray = npt.NDArray[np.float64]
+Clock = Callable[[], float]
+
+# Fallback reasons (also the keys of PolicyStats.fallback_reasons).
+NO_FEASIBLE = "no_feasible_dc"  # no SLO-feasible DC for the request
+NO_CAPACITY = "no_capacity"  # the solver could not place it within capacity
+SOLVER_FAILED = "solver_failed"  # no usable solution (error, infeasible, time limit)
+BUDGET = "budget_exhausted"  # Green-LLM: no feasible DC with token budget left
+
+
+def zero_clock() -> float:
+    """Default clock: solver time is not measured (deterministic cores and tests)."""
+    return 0.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where each request of a window goes and how the decision was reached."""
+
+    targets: tuple[str | None, ...]  # DC name per request; None: no DC can take it
+    fallback: tuple[bool, ...]  # True where the fallback chain placed the request
+    fallback_reason: tuple[str, ...]  # "" where no fallback
+    status: str  # "heuristic", "optimal", "time_limit", "solver_failed", ...
+    solve_s: float = 0.0  # solver wall time (injected clock), all iterations
+    build_s: float = 0.0  # model build time (injected clock)
+    iterations: int = 0  # solver calls (iterative ILP: rounds)
+    objective_g: float | None = None  # solver objective, grams CO2 (unplaced excluded)
+    mip_gap: float | None = None  # relative gap when a MIP stopped early
+    limit_hit: bool = False  # the solver stopped at its time limit
+
+    @property
+    def n_fallback(self) -> int:
+        return sum(self.fallback)
+
+
+@dataclass
+class PolicyStats:
+    """Counters of one policy object (mutable run state, owned by the policy)."""
+
+    windows: int = 0
+    requests: int = 0
+    fallbacks: int = 0
+    unplaceable: int = 0
+    solver_calls: int = 0
+    limit_hits: int = 0
+    solver_failures: int = 0
+    solve_s_total: float = 0.0
+    fallback_reasons: Counter[str] = field(default_factory=Counter)
+
+    def record(self, d: Decision) -> None:
+        self.windows += 1
+        self.requests += len(d.targets)
+        self.fallbacks += d.n_fallback
+        self.unplaceable += sum(t is None for t in d.targets)
+        self.solver_calls += d.iterations
+        self.limit_hits += int(d.limit_hit)
+        self.solver_failures += int(d.status == "solver_failed")
+        self.solve_s_total += d.solve_s
+        for reason in d.fallback_reason:
+            if reason:
+                self.fallback_reasons[reason] += 1
+
+
+@dataclass(frozen=True)
+class PolicyDeps:
+    """What the runtime injects into every policy."""
+
+    clock: Clock = zero_clock
+    rng: np.random.Generator | None = None
+    estimator: Estimator | None = None
+
+
+class RoundRobin:
+    """A round-robin cursor over DC positions that skips ineligible DCs."""
+
+    def __init__(self) -> None:
+        self._pos = 0
+
+    def pick(self, mask: BoolArray) -> int:
+        """Next eligible index from the cursor on, or -1 if none is eligible."""
+        n = int(mask.shape[0])
+        if n == 0 or not bool(mask.any()):
+            return -1
+        start = self._pos % n
+        order = np.concatenate([np.arange(start, n), np.arange(0, start)])
+        idx = int(order[np.argmax(mask[order])])
+        self._pos = idx + 1
+        return idx
+
+
+class Policy(ABC):
+    """Base class: estimator, deps, counters, fallback chain and Decision building."""
+
+    name: str = ""
+    batch: bool = False
+
+    def __init__(self, config: Any = None, deps: PolicyDeps | None = None) -> None:
+        self.config = config
+        self.deps = deps or PolicyDeps()
+        self.estimator = self.deps.estimator or Estimator()
+        self.clock = self.deps.clock
+        self.stats = PolicyStats()
+        self._fallback_rr = RoundRobin()
+
+    @abstractmethod
+    def decide(
+        self,
+        requests: Sequence[RequestView],
+        snapshot: SnapshotView,
+        region: str,
+        now_s: float,
+    ) -> Decision:
+        """Assign every request of the window to a DC (or None)."""
+
+    # --- helpers for subclasses ---------------------------------------------------------
+    def fallback_one(
+        self, est: Estimates, r: int, used: FloatArray, capacity: FloatArray | None = None
+    ) -> int:
+        """Lowest-carbon feasible DC with headroom left (``used < H_d``), else
+        round-robin over the eligible DCs; -1 if none is eligible. Updates `used`."""
+        cap = est.capacity_requests if capacity is None else capacity
+        ok = est.feasible[r] & (used < cap)
+        if bool(ok.any()):
+            d = int(np.argmin(np.where(ok, est.carbon_g[r], np.inf)))
+        else:
+            d = self._fallback_rr.pick(est.eligible[r])
+        if d >= 0:
+            used[d] += 1.0
+        return d
+
+    def finish(
+        self,
+        est: Estimates,
+        assign: IntArray,
+        reasons: Sequence[str],
+        status: str,
+        *,
+        solve_s: float = 0.0,
+        build_s: float = 0.0,
+        iterations: int = 0,
+        objective_g: float | None = None,
+        mip_gap: float | None = None,
+        limit_hit: bool = False,
+        capacity: FloatArray | None = None,
+    ) -> Decision:
+        """Run the fallback chain for requests with a reason and build the Decision.
+
+        `assign[r]` is the chosen DC index or -1; requests with a non-empty reason go
+        through the fallback chain (their `assign` entry is ignored). `capacity` overrides
+        the estimates' H_d for the headroom test (iterative ILP: the pre-window H_d).
+        """
+        n_d = len(est.dc_names)
+        placed = assign[assign >= 0]
+        used = np.bincount(placed, minlength=n_d).astype(np.float64) if n_d else np.zeros(0)
+        out = assign.copy()
+        for r, why in enumerate(reasons):
+            if why:
+                out[r] = self.fallback_one(est, r, used, capacity) if n_d else -1
+        return self.build(
+            est.dc_names,
+            out,
+            reasons,
+            status,
+            solve_s=solve_s,
+            build_s=build_s,
+            iterations=iterations,
+            objective_g=objective_g,
+            mip_gap=mip_gap,
+            limit_hit=limit_hit,
+        )
+
+    def build(
+        self,
+        names: Sequence[str],
+        assign: IntArray,
+        reasons: Sequence[str],
+        status: str,
+        **extra: Any,
+    ) -> Decision:
+        """The Decision for final DC indices `assign` (-1: None); records the stats."""
+        d = Decision(
+            targets=tuple(names[i] if i >= 0 else None for i in assign.tolist()),
+            fallback=tuple(bool(w) for w in reasons),
+            fallback_reason=tuple(reasons),
+            status=status,
+            **extra,
+        )
+        self.stats.record(d)
+        return d
+
+
+def empty_decision(policy: Policy, status: str = "empty") -> Decision:
+    """The decision for an empty window."""
+    d = Decision(targets=(), fallback=(), fallback_reason=(), status=status)
+    policy.stats.record(d)
+    return d

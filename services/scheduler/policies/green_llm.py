@@ -1,0 +1,116 @@
+"""Green-LLM port (paper 1 §V-A, [39]): hourly per-DC token budgets, batch-agnostic
+latency estimates.
+
+Rules / theory of operation
+---------------------------
+* Budget: each DC gets an hourly budget of output tokens equal to what its engines decode
+  in one hour at the batch limit, i.e. the budget is the batch limit mapped to tokens::
+
+      budget_d = engines_d * max_batch_d * 3600 s / t_dec(max_batch_d, max_batch_d * ctx)
+
+  with ctx = `budget_ctx_tokens` cached tokens per request. The budget resets when
+  ``floor(now_s / 3600)`` changes; the tokens spent (the requests' OSL) are state of the
+  policy object.
+* Latency is batch-agnostic: TTFT/TPOT are estimated as if every engine were empty (RTT,
+  the request's own prefill, a one-request decode step), so a loaded DC is never rejected.
+* Per window (requests in arrival order): the lowest-carbon feasible DC whose remaining
+  budget covers the request's OSL. Green-LLM's hourly LP reduces to this choice at a
+  100 ms window, since the only coupling is the hourly budget. No such DC -> fallback
+  (reason "budget_exhausted"; lowest-carbon feasible DC with slot headroom, then RR).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from services.common.state import RequestView, SnapshotView
+from services.scheduler.estimator import DcArrays, FloatArray
+from services.scheduler.policies.base import (
+    BUDGET,
+    NO_FEASIBLE,
+    Decision,
+    Policy,
+    PolicyDeps,
+    empty_decision,
+)
+from services.scheduler.policies.registry import register
+
+HOUR_S = 3600.0
+
+
+@dataclass(frozen=True)
+class GreenLlmConfig:
+    """Settings of the Green-LLM port."""
+
+    budget_ctx_tokens: float = field(
+        default=1024.0,
+        metadata={"help": "cached tokens per request when mapping the batch limit to tokens"},
+    )
+
+
+@register(
+    "green-llm",
+    GreenLlmConfig,
+    help="Lowest-carbon DC within an hourly token budget; batch-agnostic latency.",
+    batch=True,
+)
+class GreenLlmPolicy(Policy):
+    """Hourly token budgets per DC, lowest carbon first."""
+
+    def __init__(
+        self, config: GreenLlmConfig | None = None, deps: PolicyDeps | None = None
+    ) -> None:
+        cfg = config or GreenLlmConfig()
+        super().__init__(cfg, deps)
+        self.cfg = cfg
+        self._hour: int | None = None
+        self._spent: dict[str, float] = {}
+
+    def budget_tokens(self, dcs: DcArrays) -> FloatArray:
+        """Hourly output-token budget of each DC."""
+        out = np.zeros(dcs.size, dtype=np.float64)
+        for i, setup in enumerate(dcs.setups):
+            pm = self.estimator.perf_model(setup)
+            m = float(dcs.max_batch[i])
+            step = pm.decode_time(m, m * self.cfg.budget_ctx_tokens)
+            out[i] = dcs.engines[i] * m * HOUR_S / max(step, 1e-9)
+        return out
+
+    def decide(
+        self, requests: Sequence[RequestView], snapshot: SnapshotView, region: str, now_s: float
+    ) -> Decision:
+        if not requests:
+            return empty_decision(self)
+        hour = int(now_s // HOUR_S)
+        if hour != self._hour:
+            self._hour = hour
+            self._spent = {}
+        est = self.estimator.estimate(
+            requests, snapshot, region=region, now_s=now_s, batch_agnostic=True
+        )
+        dcs = self.estimator.dc_arrays(snapshot)
+        left = self.budget_tokens(dcs) - np.array(
+            [self._spent.get(n, 0.0) for n in dcs.names], dtype=np.float64
+        )
+        osl = np.array([max(r.osl_tokens, 1) for r in requests], dtype=np.float64)
+        assign = np.full(len(requests), -1, dtype=np.int64)
+        reasons = [""] * len(requests)
+        for r in range(len(requests)):
+            if not est.feasible[r].any():
+                reasons[r] = NO_FEASIBLE
+                continue
+            ok = est.feasible[r] & (left >= osl[r])
+            if not ok.any():
+                reasons[r] = BUDGET
+                continue
+            d = int(np.argmin(np.where(ok, est.carbon_g[r], np.inf)))
+            assign[r] = d
+            left[d] -= osl[r]
+        dec = self.finish(est, assign, reasons, "heuristic")
+        for name, r_osl in zip(dec.targets, osl.tolist(), strict=True):
+            if name is not None:
+                self._spent[name] = self._spent.get(name, 0.0) + r_osl
+        return dec
