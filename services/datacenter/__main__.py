@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         address = args.address or f"[::]:{os.environ.get('PORT', '50051')}"
         if args.topology:
-            from services.runner.topology import build_datacenter, load_topology
+            from services.common.topology import build_datacenter, load_topology
 
             topo = load_topology(args.topology)
             dc = build_datacenter(topo, args.dc)

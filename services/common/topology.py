@@ -1,0 +1,492 @@
+"""Topology files: regions, schedulers, datacenters, network, load and emulation settings.
+
+Rules
+-----
+* One YAML file describes a whole run (see ``topologies/*.yaml``). It is validated on
+  load; every error is a `ConfigError` naming the file and the dotted key path (list
+  items by index, e.g. ``regions[1].dcs[0].nodes``) and what was expected.
+* Defaults follow paper 1 Table II: SLO TTFT 3 s / TPOT 100 ms, Δp = 1 s sync polling,
+  Δw = 100 ms or 300 requests, PUE 1.1, 4 nodes x 8 GPUs per DC.
+* The RTT matrix comes from the CloudPing p50 file through each region's ``aws_region``
+  (``services.common.rtt``); ``network.rtt_ms`` entries override single pairs.
+* Carbon intensity per DC: ``{constant: g}`` or an hourly Electricity Maps trace
+  (``{trace: auto|path, zone: NL, start_hour: ...}``); ``ci_start_hour`` at the top level is
+  the default start hour of every trace.
+* CLI overrides (policy, rate, duration, dilation) return a new frozen `Topology`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from services.common.calibration import load_calibration
+from services.common.errors import ConfigError, InvalidInput
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPOLOGY_DIR = ROOT / "topologies"
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_s: float = 3.0
+    tpot_s: float = 0.1
+
+
+@dataclass(frozen=True)
+class DcSpec:
+    name: str
+    region: str
+    zone: str
+    nodes: int
+    gpus_per_node: int
+    setup: str
+    pue: float
+    ci: Any                       # raw CI config, built by services.common.carbon
+    routing: str = "round-robin"
+    max_queue_per_engine: int = 4096
+
+
+@dataclass(frozen=True)
+class SchedulerSpec:
+    policy: str = "round-robin"
+    policy_config: Mapping[str, Any] = field(default_factory=dict)
+    window_s: float = 0.1
+    window_max: int = 300
+    osl_mode: str = "oracle"      # oracle | predicted
+    staleness_s: float = 5.0      # snapshot age past which the scheduler falls back to RR
+    deadline_s: float = 2.0       # deadline for peer/DC calls before local fallback
+
+
+@dataclass(frozen=True)
+class RegionSpec:
+    name: str
+    aws_region: str
+    scheduler: SchedulerSpec
+    dcs: tuple[DcSpec, ...]
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    rate_rps: float = 10.0
+    dataset: str = "cnn-dailymail"
+    duration_s: float = 60.0
+    warmup_s: float = 5.0
+    seed: int = 1
+    arrivals: str = "poisson"
+    origin: str | Mapping[str, float] = "round-robin"
+    model: str = ""
+
+
+@dataclass(frozen=True)
+class ProvisionerSpec:
+    period_s: float = 1.0
+    mode: str = "sync"            # sync: poll all DCs at once; async: staggered
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str
+    path: str
+    description: str
+    regions: tuple[RegionSpec, ...]
+    slo: Slo
+    provisioner: ProvisionerSpec
+    load: LoadSpec
+    dilation: float
+    rtt_s: Mapping[tuple[str, str], float]
+    ci_start_hour: Any = 0
+    faithful_lateness_s: float = 0.005
+
+    @property
+    def dcs(self) -> tuple[DcSpec, ...]:
+        return tuple(dc for r in self.regions for dc in r.dcs)
+
+    def dc(self, name: str) -> DcSpec:
+        for d in self.dcs:
+            if d.name == name:
+                return d
+        known = ", ".join(d.name for d in self.dcs)
+        raise InvalidInput("dc", f"no DC {name!r} in topology {self.name}; known: {known}")
+
+    def region(self, name: str) -> RegionSpec:
+        for r in self.regions:
+            if r.name == name:
+                return r
+        known = ", ".join(r.name for r in self.regions)
+        raise InvalidInput("region", f"no region {name!r} in topology {self.name}; known: {known}")
+
+    @property
+    def model(self) -> str:
+        return self.load.model
+
+    def with_overrides(
+        self,
+        policy: str | None = None,
+        policy_config: Mapping[str, Any] | None = None,
+        rate_rps: float | None = None,
+        duration_s: float | None = None,
+        dilation: float | None = None,
+        seed: int | None = None,
+        warmup_s: float | None = None,
+    ) -> Topology:
+        regions = self.regions
+        if policy is not None or policy_config is not None:
+            regions = tuple(
+                dataclasses.replace(
+                    r,
+                    scheduler=dataclasses.replace(
+                        r.scheduler,
+                        policy=policy or r.scheduler.policy,
+                        policy_config=dict(policy_config or {})
+                        if policy is not None
+                        else r.scheduler.policy_config,
+                    ),
+                )
+                for r in regions
+            )
+        load = self.load
+        if rate_rps is not None:
+            if not rate_rps > 0:
+                raise InvalidInput("rate", f"must be > 0, got {rate_rps}")
+            load = dataclasses.replace(load, rate_rps=rate_rps)
+        if duration_s is not None:
+            if not duration_s > 0:
+                raise InvalidInput("duration", f"must be > 0, got {duration_s}")
+            load = dataclasses.replace(load, duration_s=duration_s)
+        if seed is not None:
+            load = dataclasses.replace(load, seed=seed)
+        if warmup_s is not None:
+            load = dataclasses.replace(load, warmup_s=warmup_s)
+        dil = self.dilation
+        if dilation is not None:
+            if not dilation >= 1.0:
+                raise InvalidInput("dilation", f"must be >= 1, got {dilation}")
+            dil = dilation
+        return dataclasses.replace(self, regions=regions, load=load, dilation=dil)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly description (for summaries)."""
+        return {
+            "name": self.name,
+            "path": self.path,
+            "regions": [
+                {
+                    "name": r.name,
+                    "aws_region": r.aws_region,
+                    "policy": r.scheduler.policy,
+                    "policy_config": dict(r.scheduler.policy_config),
+                    "dcs": [
+                        {
+                            "name": d.name,
+                            "zone": d.zone,
+                            "nodes": d.nodes,
+                            "gpus_per_node": d.gpus_per_node,
+                            "setup": d.setup,
+                            "pue": d.pue,
+                        }
+                        for d in r.dcs
+                    ],
+                }
+                for r in self.regions
+            ],
+            "slo": dataclasses.asdict(self.slo),
+            "provisioner": dataclasses.asdict(self.provisioner),
+            "load": {
+                **{k: v for k, v in dataclasses.asdict(self.load).items() if k != "origin"},
+                "origin": self.load.origin
+                if isinstance(self.load.origin, str)
+                else dict(self.load.origin),
+            },
+            "dilation": self.dilation,
+            "window_s": self.regions[0].scheduler.window_s if self.regions else None,
+        }
+
+
+class _V:
+    """Validation helpers bound to one file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def err(self, key: str, msg: str) -> ConfigError:
+        return ConfigError(self.path, key, msg)
+
+    def mapping(self, v: Any, key: str) -> Mapping[str, Any]:
+        if not isinstance(v, Mapping):
+            raise self.err(key, f"expected a mapping, got {type(v).__name__}")
+        return v
+
+    def known(self, m: Mapping[str, Any], key: str, allowed: set[str]) -> None:
+        extra = sorted(set(m) - allowed)
+        if extra:
+            where = f"{key}." if key else ""
+            raise self.err(f"{where}{extra[0]}", f"unknown key; expected one of {sorted(allowed)}")
+
+    def num(self, m: Mapping[str, Any], key: str, full: str, default: Any = None,
+            lo: float | None = None, hi: float | None = None, strict_lo: bool = False) -> float:
+        v = m.get(key, default)
+        if v is None:
+            raise self.err(full, "missing required number")
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise self.err(full, f"expected a number, got {v!r}")
+        if lo is not None and (v <= lo if strict_lo else v < lo):
+            raise self.err(full, f"expected a number {'>' if strict_lo else '>='} {lo}, got {v}")
+        if hi is not None and v > hi:
+            raise self.err(full, f"expected a number <= {hi}, got {v}")
+        return float(v)
+
+    def integer(self, m: Mapping[str, Any], key: str, full: str, default: Any = None,
+                lo: int = 0) -> int:
+        v = m.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.err(full, f"expected an integer, got {v!r}")
+        if v < lo:
+            raise self.err(full, f"expected an integer >= {lo}, got {v}")
+        return v
+
+    def text(self, m: Mapping[str, Any], key: str, full: str, default: Any = None,
+             choices: tuple[str, ...] | None = None) -> str:
+        v = m.get(key, default)
+        if not isinstance(v, str) or not v:
+            raise self.err(full, f"expected a non-empty string, got {v!r}")
+        if choices is not None and v not in choices:
+            raise self.err(full, f"expected one of {list(choices)}, got {v!r}")
+        return v
+
+
+def _scheduler(v: _V, raw: Any, key: str, defaults: Mapping[str, Any]) -> SchedulerSpec:
+    m = dict(defaults)
+    if raw is not None:
+        m.update(v.mapping(raw, key))
+    v.known(m, key, {"policy", "policy_config", "window_s", "window_max", "osl_mode",
+                     "staleness_s", "deadline_s"})
+    pc = m.get("policy_config", {}) or {}
+    v.mapping(pc, f"{key}.policy_config")
+    return SchedulerSpec(
+        policy=v.text(m, "policy", f"{key}.policy", "round-robin"),
+        policy_config=dict(pc),
+        window_s=v.num(m, "window_s", f"{key}.window_s", 0.1, lo=0.0),
+        window_max=v.integer(m, "window_max", f"{key}.window_max", 300, lo=1),
+        osl_mode=v.text(m, "osl_mode", f"{key}.osl_mode", "oracle", ("oracle", "predicted")),
+        staleness_s=v.num(m, "staleness_s", f"{key}.staleness_s", 5.0, lo=0.0, strict_lo=True),
+        deadline_s=v.num(m, "deadline_s", f"{key}.deadline_s", 2.0, lo=0.0, strict_lo=True),
+    )
+
+
+def _dc(v: _V, raw: Any, key: str, region: str, defaults: Mapping[str, Any]) -> DcSpec:
+    m = dict(defaults)
+    m.update(v.mapping(raw, key))
+    v.known(m, key, {"name", "zone", "nodes", "gpus_per_node", "setup", "pue", "ci", "routing",
+                     "max_queue_per_engine"})
+    setup = v.text(m, "setup", f"{key}.setup", "a100-40gb/llama-3.1-8b-tp1")
+    try:
+        cal = load_calibration(setup)
+    except ConfigError as exc:
+        raise v.err(f"{key}.setup", str(exc)) from exc
+    gpn = v.integer(m, "gpus_per_node", f"{key}.gpus_per_node", 8, lo=1)
+    if gpn % cal.tp:
+        raise v.err(f"{key}.gpus_per_node", f"expected a multiple of tp={cal.tp} ({setup})")
+    if "ci" not in m:
+        raise v.err(f"{key}.ci", "missing; expected {constant: g} or {trace: auto, zone: Z}")
+    return DcSpec(
+        name=v.text(m, "name", f"{key}.name"),
+        region=region,
+        zone=str(m.get("zone", "")),
+        nodes=v.integer(m, "nodes", f"{key}.nodes", 4, lo=1),
+        gpus_per_node=gpn,
+        setup=setup,
+        pue=v.num(m, "pue", f"{key}.pue", 1.1, lo=1.0),
+        ci=m["ci"],
+        routing=v.text(m, "routing", f"{key}.routing", "round-robin",
+                       ("round-robin", "least-loaded")),
+        max_queue_per_engine=v.integer(m, "max_queue_per_engine", f"{key}.max_queue_per_engine",
+                                       4096, lo=1),
+    )
+
+
+def parse_topology(data: Any, path: str) -> Topology:
+    """Validate a parsed topology mapping; errors name `path` and the key path."""
+    from services.common.rtt import load_rtt_matrix, region_rtt
+
+    v = _V(path)
+    top = v.mapping(data, "")
+    v.known(top, "", {"name", "description", "regions", "slo", "provisioner", "load",
+                      "emulation", "network", "defaults", "ci_start_hour"})
+    defaults = v.mapping(top.get("defaults", {}) or {}, "defaults")
+    v.known(defaults, "defaults", {"dc", "scheduler"})
+    dc_defaults = v.mapping(defaults.get("dc", {}) or {}, "defaults.dc")
+    sched_defaults = v.mapping(defaults.get("scheduler", {}) or {}, "defaults.scheduler")
+    regions_raw = top.get("regions")
+    if not isinstance(regions_raw, list) or not regions_raw:
+        raise v.err("regions", "expected a non-empty list of regions")
+    regions: list[RegionSpec] = []
+    seen_dc: set[str] = set()
+    seen_region: set[str] = set()
+    for i, rr in enumerate(regions_raw):
+        key = f"regions[{i}]"
+        rm = v.mapping(rr, key)
+        v.known(rm, key, {"name", "aws_region", "scheduler", "dcs"})
+        name = v.text(rm, "name", f"{key}.name")
+        if name in seen_region:
+            raise v.err(f"{key}.name", f"duplicate region name {name!r}")
+        seen_region.add(name)
+        dcs_raw = rm.get("dcs")
+        if not isinstance(dcs_raw, list) or not dcs_raw:
+            raise v.err(f"{key}.dcs", "expected a non-empty list of datacenters")
+        dcs = []
+        for j, dr in enumerate(dcs_raw):
+            d = _dc(v, dr, f"{key}.dcs[{j}]", name, dc_defaults)
+            if d.name in seen_dc:
+                raise v.err(f"{key}.dcs[{j}].name", f"duplicate DC name {d.name!r}")
+            seen_dc.add(d.name)
+            dcs.append(d)
+        regions.append(
+            RegionSpec(
+                name=name,
+                aws_region=v.text(rm, "aws_region", f"{key}.aws_region"),
+                scheduler=_scheduler(v, rm.get("scheduler"), f"{key}.scheduler", sched_defaults),
+                dcs=tuple(dcs),
+            )
+        )
+    slo_m = v.mapping(top.get("slo", {}) or {}, "slo")
+    v.known(slo_m, "slo", {"ttft_s", "tpot_s"})
+    slo = Slo(
+        ttft_s=v.num(slo_m, "ttft_s", "slo.ttft_s", 3.0, lo=0.0, strict_lo=True),
+        tpot_s=v.num(slo_m, "tpot_s", "slo.tpot_s", 0.1, lo=0.0, strict_lo=True),
+    )
+    pm = v.mapping(top.get("provisioner", {}) or {}, "provisioner")
+    v.known(pm, "provisioner", {"period_s", "mode"})
+    prov = ProvisionerSpec(
+        period_s=v.num(pm, "period_s", "provisioner.period_s", 1.0, lo=0.0, strict_lo=True),
+        mode=v.text(pm, "mode", "provisioner.mode", "sync", ("sync", "async")),
+    )
+    lm = v.mapping(top.get("load", {}) or {}, "load")
+    v.known(lm, "load", {"rate_rps", "dataset", "duration_s", "warmup_s", "seed", "arrivals",
+                         "origin", "model"})
+    origin = lm.get("origin", "round-robin")
+    if isinstance(origin, Mapping):
+        for rname, w in origin.items():
+            if rname not in seen_region:
+                raise v.err(f"load.origin.{rname}", f"unknown region; known: {sorted(seen_region)}")
+            if isinstance(w, bool) or not isinstance(w, int | float) or w < 0:
+                raise v.err(f"load.origin.{rname}", f"expected a weight >= 0, got {w!r}")
+        origin = {str(k): float(w) for k, w in origin.items()}
+    elif origin != "round-robin":
+        raise v.err("load.origin", "expected 'round-robin' or a mapping region -> weight")
+    models = {load_calibration(d.setup).model for r in regions for d in r.dcs}
+    model = str(lm.get("model", "") or (sorted(models)[0] if len(models) == 1 else ""))
+    if not model:
+        raise v.err("load.model", f"several models in the topology {sorted(models)}; name one")
+    if model not in models:
+        raise v.err("load.model", f"no DC serves {model!r}; served: {sorted(models)}")
+    load = LoadSpec(
+        rate_rps=v.num(lm, "rate_rps", "load.rate_rps", 10.0, lo=0.0, strict_lo=True),
+        dataset=v.text(lm, "dataset", "load.dataset", "cnn-dailymail"),
+        duration_s=v.num(lm, "duration_s", "load.duration_s", 60.0, lo=0.0, strict_lo=True),
+        warmup_s=v.num(lm, "warmup_s", "load.warmup_s", 5.0, lo=0.0),
+        seed=v.integer(lm, "seed", "load.seed", 1),
+        arrivals=v.text(lm, "arrivals", "load.arrivals", "poisson"),
+        origin=origin,
+        model=model,
+    )
+    from services.loadgen.arrivals import available as arrivals_available
+    from services.loadgen.datasets import available as datasets_available
+
+    if load.dataset not in datasets_available():
+        raise v.err("load.dataset", f"unknown dataset; known: {list(datasets_available())}")
+    if load.arrivals not in arrivals_available():
+        raise v.err("load.arrivals", f"unknown arrival process; known: {list(arrivals_available())}")
+    em = v.mapping(top.get("emulation", {}) or {}, "emulation")
+    v.known(em, "emulation", {"dilation", "faithful_lateness_s"})
+    dilation = v.num(em, "dilation", "emulation.dilation", 1.0, lo=1.0)
+    faithful = v.num(em, "faithful_lateness_s", "emulation.faithful_lateness_s", 0.005, lo=0.0)
+    nm = v.mapping(top.get("network", {}) or {}, "network")
+    v.known(nm, "network", {"rtt_ms", "rtt_file"})
+    try:
+        rtt_file = nm.get("rtt_file")
+        matrix = load_rtt_matrix(ROOT / rtt_file) if rtt_file else load_rtt_matrix()
+        rtt = dict(region_rtt({r.name: r.aws_region for r in regions}, matrix))
+    except InvalidInput as exc:
+        raise v.err(exc.field, exc.message) from exc
+    overrides = nm.get("rtt_ms", {}) or {}
+    v.mapping(overrides, "network.rtt_ms")
+    for pair, ms in overrides.items():
+        parts = str(pair).split("--")
+        if len(parts) != 2 or not all(p in seen_region for p in parts):
+            raise v.err(f"network.rtt_ms.{pair}", "expected 'regionA--regionB' of known regions")
+        if isinstance(ms, bool) or not isinstance(ms, int | float) or ms < 0:
+            raise v.err(f"network.rtt_ms.{pair}", f"expected milliseconds >= 0, got {ms!r}")
+        rtt[(parts[0], parts[1])] = rtt[(parts[1], parts[0])] = ms / 1000.0
+    topo = Topology(
+        name=str(top.get("name", Path(path).stem)),
+        path=path,
+        description=str(top.get("description", "")),
+        regions=tuple(regions),
+        slo=slo,
+        provisioner=prov,
+        load=load,
+        dilation=dilation,
+        rtt_s=rtt,
+        ci_start_hour=top.get("ci_start_hour", 0),
+        faithful_lateness_s=faithful,
+    )
+    for d in topo.dcs:  # build every CI source once so bad traces fail at load time
+        build_ci(topo, d)
+    return topo
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Load a topology by path, or by name from ``topologies/`` (``small`` -> small.yaml)."""
+    p = Path(path)
+    if not p.exists() and not p.suffix:
+        p = TOPOLOGY_DIR / f"{path}.yaml"
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), "", f"cannot read topology file: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(p), "", f"not valid YAML: {exc}") from exc
+    return parse_topology(data, str(p))
+
+
+def build_ci(topo: Topology, dc: DcSpec) -> Any:
+    """The DC's carbon-intensity source (``services.common.carbon``)."""
+    from services.common.carbon import ci_source_from_config
+
+    raw = dc.ci
+    if isinstance(raw, Mapping) and "trace" in raw:
+        raw = dict(raw)
+        raw.setdefault("zone", dc.zone)
+        raw.setdefault("start_hour", topo.ci_start_hour)
+    idx = [d.name for d in topo.dcs].index(dc.name)
+    key = f"dcs[{idx}].ci ({dc.name})"
+    return ci_source_from_config(raw, key, source=topo.path, base_dir=ROOT)
+
+
+def build_datacenter(topo: Topology, name: str, start_s: float = 0.0) -> Any:
+    """A `services.datacenter.dc.Datacenter` core for DC `name` of the topology."""
+    from services.datacenter.dc import Datacenter, DcConfig
+
+    d = topo.dc(name)
+    cal = load_calibration(d.setup)
+    cfg = DcConfig(
+        name=d.name,
+        region=d.region,
+        zone=d.zone,
+        nodes=d.nodes,
+        gpus_per_node=d.gpus_per_node,
+        setup=d.setup,
+        pue=d.pue,
+        routing=d.routing,
+        max_queue_per_engine=d.max_queue_per_engine,
+        faithful_lateness_s=topo.faithful_lateness_s,
+    )
+    return Datacenter(cfg, cal, build_ci(topo, d), start_s=start_s)

@@ -1,0 +1,211 @@
+"""Sans-IO regional scheduler: scheduling window, policy decisions, staleness fallback.
+
+Theory of operation
+-------------------
+* Requests arriving at this region's scheduler are `submit`-ted with their arrival time.
+  A per-request policy (``policy.batch`` False) decides at once. A batch policy collects
+  a window that closes ``window_s`` after its first request or at ``window_max`` requests
+  (paper 1: 100 ms or 300); the runtime calls `flush` at `deadline()`.
+* A decision names a DC. If the DC is in another region the runtime forwards the request
+  to that region's scheduler (after RTT/2), which `admit_forwarded`s it into its own
+  window and dispatches it to the named DC when that window closes (at once for
+  per-request policies) — paper 1 §III-C.
+* The latest snapshot drives the policy. Past ``staleness_s`` without a fresh snapshot
+  (provisioner down) the scheduler decides round-robin over the topology's DCs and
+  counts each such decision as a staleness fallback.
+* A request no DC can take gets a `Dispatch` with ``dc == ""``; the runtime rejects it.
+* Decision time is measured through the injected ``clock`` (wall seconds); the virtual
+  runtime charges it to emulated time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from services.common.state import DcView, RequestView, SnapshotView
+from services.common.topology import DcSpec, SchedulerSpec
+from services.scheduler.policies.base import Policy, zero_clock
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    request_id: str
+    dc: str                  # "" when no DC can take the request
+    region: str              # region of the DC
+    forward: bool            # the DC is in another region
+    fallback: bool
+    reason: str              # fallback reason ("" if none)
+    decided_s: float         # emulated time the decision was made
+    decision_s: float        # wall seconds the decision took (window solve time for batches)
+
+
+@dataclass
+class SchedulerStats:
+    decisions: int = 0
+    local: int = 0
+    forwarded: int = 0
+    fallbacks: int = 0
+    stale_decisions: int = 0
+    unplaceable: int = 0
+    windows: int = 0
+    forwarded_in: int = 0
+    window_sizes: list[int] = field(default_factory=list)
+    solver_status: dict[str, int] = field(default_factory=dict)
+
+
+class SchedulerCore:
+    def __init__(
+        self,
+        region: str,
+        spec: SchedulerSpec,
+        dcs: Sequence[DcSpec],
+        policy: Policy,
+        clock: Clock = zero_clock,
+    ) -> None:
+        self.region = region
+        self.spec = spec
+        self.policy = policy
+        self.clock = clock
+        self.dc_region = {d.name: d.region for d in dcs}
+        self._all_dcs = [d.name for d in dcs]
+        self._rr = 0
+        self.snapshot: SnapshotView | None = None
+        self.snapshot_received_s = float("-inf")
+        self.window: list[RequestView] = []
+        self.window_opened_s: float | None = None
+        self.forward_window: list[tuple[str, str]] = []
+        self.stats = SchedulerStats()
+
+    # ---------------------------------------------------------------- snapshots
+    def on_snapshot(self, snap: SnapshotView, now: float) -> None:
+        self.snapshot = snap
+        self.snapshot_received_s = now
+
+    def snapshot_age(self, now: float) -> float:
+        if self.snapshot is None:
+            return float("inf")
+        return now - self.snapshot.time_s
+
+    def stale(self, now: float) -> bool:
+        return self.snapshot_age(now) > self.spec.staleness_s
+
+    # ---------------------------------------------------------------- window
+    @property
+    def batch(self) -> bool:
+        return bool(self.policy.batch)
+
+    def deadline(self) -> float | None:
+        """When the open window must be flushed (None: no open window)."""
+        if self.window_opened_s is None:
+            return None
+        return self.window_opened_s + self.spec.window_s
+
+    def _open(self, now: float) -> None:
+        if self.window_opened_s is None:
+            self.window_opened_s = now
+
+    def submit(self, req: RequestView, now: float) -> list[Dispatch]:
+        if not self.batch:
+            return self._decide([req], now)
+        self._open(now)
+        self.window.append(req)
+        if len(self.window) + len(self.forward_window) >= self.spec.window_max:
+            return self.flush(now)
+        return []
+
+    def admit_forwarded(self, request_id: str, dc: str, now: float) -> list[Dispatch]:
+        """A peer's request for one of our DCs: dispatch when our window closes."""
+        self.stats.forwarded_in += 1
+        if not self.batch:
+            return [self._forwarded_dispatch(request_id, dc, now)]
+        self._open(now)
+        self.forward_window.append((request_id, dc))
+        if len(self.window) + len(self.forward_window) >= self.spec.window_max:
+            return self.flush(now)
+        return []
+
+    def flush(self, now: float) -> list[Dispatch]:
+        reqs, fwd = self.window, self.forward_window
+        self.window, self.forward_window, self.window_opened_s = [], [], None
+        out = [self._forwarded_dispatch(rid, dc, now) for rid, dc in fwd]
+        if reqs:
+            out.extend(self._decide(reqs, now))
+        return out
+
+    def _forwarded_dispatch(self, request_id: str, dc: str, now: float) -> Dispatch:
+        return Dispatch(request_id, dc, self.region, False, False, "", now, 0.0)
+
+    # ---------------------------------------------------------------- decisions
+    def _decide(self, reqs: list[RequestView], now: float) -> list[Dispatch]:
+        st = self.stats
+        st.windows += 1
+        st.window_sizes.append(len(reqs))
+        if len(st.window_sizes) > 10_000:
+            del st.window_sizes[:5_000]
+        if self.stale(now) or self.snapshot is None:
+            return [self._stale_dispatch(r, now) for r in reqs]
+        t0 = self.clock()
+        decision = self.policy.decide(reqs, self.snapshot, self.region, now)
+        took = self.clock() - t0
+        st.solver_status[decision.status] = st.solver_status.get(decision.status, 0) + 1
+        out = []
+        for k, r in enumerate(reqs):
+            dc = decision.targets[k] or ""
+            out.append(self._finish(r.id, dc, decision.fallback[k],
+                                    decision.fallback_reason[k], now, took))
+        return out
+
+    def _stale_dispatch(self, r: RequestView, now: float) -> Dispatch:
+        self.stats.stale_decisions += 1
+        up = self._up_dcs()
+        if not up:
+            return self._finish(r.id, "", True, "stale_snapshot", now, 0.0)
+        dc = up[self._rr % len(up)]
+        self._rr += 1
+        return self._finish(r.id, dc, True, "stale_snapshot", now, 0.0)
+
+    def _up_dcs(self) -> list[str]:
+        if self.snapshot is None:
+            return list(self._all_dcs)
+        down = {d.dc for d in self.snapshot.dcs if not d.up}
+        return [d for d in self._all_dcs if d not in down]
+
+    def _finish(self, rid: str, dc: str, fallback: bool, reason: str, now: float,
+                took: float) -> Dispatch:
+        st = self.stats
+        st.decisions += 1
+        if not dc:
+            st.unplaceable += 1
+            return Dispatch(rid, "", "", False, fallback, reason or "no_dc", now, took)
+        region = self.dc_region.get(dc, self.region)
+        forward = region != self.region
+        if forward:
+            st.forwarded += 1
+        else:
+            st.local += 1
+        if fallback:
+            st.fallbacks += 1
+        return Dispatch(rid, dc, region, forward, fallback, reason, now, took)
+
+    def local_fallback(self, exclude: str, now: float) -> str:
+        """A local DC other than `exclude` for a request whose target did not answer."""
+        local = [d for d in self._up_dcs() if self.dc_region.get(d) == self.region and d != exclude]
+        if not local:
+            return ""
+        dc = local[self._rr % len(local)]
+        self._rr += 1
+        self.stats.fallbacks += 1
+        return dc
+
+
+def dc_view_setup(gpu: str, model: str, tp: int) -> str:
+    """The calibration setup name a DC state describes."""
+    return f"{gpu}/{model}-tp{tp}"
+
+
+def snapshot_views(dcs: Sequence[DcView], seq: int, time_s: float,
+                   rtt: dict[tuple[str, str], float]) -> SnapshotView:
+    return SnapshotView(seq=seq, time_s=time_s, dcs=tuple(dcs), rtt_s=rtt)
