@@ -56,6 +56,9 @@ class FacilityMilpConfig:
     warm_start: bool = field(
         default=True, metadata={"help": "pass the greedy assignment as a starting solution"}
     )
+    linking: bool = field(
+        default=True, metadata={"help": "add the tight x[r,d] <= y_d rows (else aggregate only)"}
+    )
 
     def __post_init__(self) -> None:
         if not self.time_limit_s >= 0.0:
@@ -110,6 +113,7 @@ class FacilityMilpPolicy(Policy):
             time_limit_s=self.cfg.time_limit_s,
             mip_rel_gap=self.cfg.mip_rel_gap,
             warm_start=start,
+            linking=self.cfg.linking,
         )
         assign = res.assign if res.has_solution else np.full(len(requests), -1)
         return self.finish(
