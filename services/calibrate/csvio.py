@@ -94,9 +94,9 @@ def read_table(
 
 
 def write_rows(path: str | Path, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    """Write a CSV with `header`; floats are written with repr-level precision."""
+    """Write a CSV with `header`; floats are written with 12 significant digits."""
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(header)
         for row in rows:
-            w.writerow([f"{v:.6g}" if isinstance(v, float) else v for v in row])
+            w.writerow([f"{v:.12g}" if isinstance(v, float) else v for v in row])

@@ -198,7 +198,8 @@ def _decode_design(batch: FloatArray, kv: FloatArray) -> FloatArray:
 
 def _decode_monotone(alpha: FloatArray, beta: FloatArray, b_max: float, l_max: float) -> bool:
     bb, ll = np.meshgrid(np.arange(1.0, b_max + 1.0), np.linspace(0.0, l_max, 33))
-    t = (alpha[0] + beta[0] * ll) + (alpha[1] + beta[1] * ll) * bb + (alpha[2] + beta[2] * ll) * bb**2
+    t = (alpha[0] + beta[0] * ll) + (alpha[1] + beta[1] * ll) * bb
+    t = t + (alpha[2] + beta[2] * ll) * bb**2
     ok_b = bool((np.diff(t, axis=1) >= -1e-12).all())
     ok_l = bool((np.diff(t, axis=0) >= -1e-12).all())
     return ok_b and ok_l and bool((t > 0).all())
@@ -206,11 +207,13 @@ def _decode_monotone(alpha: FloatArray, beta: FloatArray, b_max: float, l_max: f
 
 def fit_decode(batch: FloatArray, kv: FloatArray, t: FloatArray) -> DecodeFit:
     """Fit the decode polynomial (see module rules); monotone in B and K over the data."""
-    if len(t) < 6:
-        raise InvalidInput("measurements", f"decode fit needs >= 6 rows, got {len(t)}")
+    if len(t) < 3:
+        raise InvalidInput("measurements", f"decode fit needs >= 3 rows, got {len(t)}")
     if (batch <= 0).any():
         raise InvalidInput("batch", "decode rows need batch >= 1")
     a = _decode_design(batch, kv)
+    if np.linalg.matrix_rank(a / t[:, None]) < a.shape[1]:
+        return _fit_decode_reduced(batch, kv, t)
     aw, yw = _weighted(a, t)
     scale = np.maximum(np.abs(aw).max(axis=0), 1e-300)
     x = np.linalg.lstsq(aw / scale, yw, rcond=None)[0] / scale
@@ -226,6 +229,17 @@ def fit_decode(batch: FloatArray, kv: FloatArray, t: FloatArray) -> DecodeFit:
         n_rows=len(t),
         method=method,
     )
+    return DecodeFit(**{**fit.__dict__, "mape_pct": mape(fit.predict(batch, kv), t)})
+
+
+def _fit_decode_reduced(batch: FloatArray, kv: FloatArray, t: FloatArray) -> DecodeFit:
+    """Too few distinct shapes for six terms: ``t = alpha0 + alpha1*B + beta1*K`` (NNLS)."""
+    a = np.column_stack([np.ones_like(batch), batch, kv])
+    aw, yw = _weighted(a, t)
+    scale = np.maximum(np.abs(aw).max(axis=0), 1e-300)
+    x = nnls(aw / scale, yw) / scale
+    fit = DecodeFit((float(x[0]), float(x[1]), 0.0), (0.0, float(x[2]), 0.0), 0.0, len(t),
+                    "reduced model alpha0 + alpha1*B + beta1*K (too few distinct shapes)")
     return DecodeFit(**{**fit.__dict__, "mape_pct": mape(fit.predict(batch, kv), t)})
 
 
@@ -254,7 +268,9 @@ def read_steps(path: str) -> Table:
     )
 
 
-def _phase_cols(table: Table, mask: npt.NDArray[np.bool_], cols: tuple[str, ...]) -> list[FloatArray]:
+def _phase_cols(
+    table: Table, mask: npt.NDArray[np.bool_], cols: tuple[str, ...]
+) -> list[FloatArray]:
     out = []
     for c in cols:
         if c not in table.num:
