@@ -1,0 +1,360 @@
+"""The virtual runtime: a whole topology in one process on a virtual clock.
+
+The same cores as the wall runtime — `Datacenter`/`Engine`, `SchedulerCore` with the
+registry's policies, the load plan and the summary — wired through a `VirtualClock`
+instead of gRPC and sleeps:
+
+* the load generator's planned requests arrive at their origin scheduler at their time;
+* a decision takes the policy's measured wall time (charged to emulated time unless
+  ``charge_solver_time`` is off, which makes runs bit-for-bit deterministic);
+* a forwarded request reaches the peer scheduler RTT/2 later, joins its window, and goes
+  to the target DC when that window closes; first-token and completion notices reach the
+  origin RTT/2 after they happen, so TTFT includes the full RTT;
+* the provisioner samples every DC every Δp (sync: all at the tick; async: DC i at offset
+  i·Δp/n) and hands the snapshot to every scheduler at once.
+
+After the load ends the run continues until every request has finished (or
+``drain_limit_s`` has passed, after which the rest are recorded as failed).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from services.common.errors import GeoServeError
+from services.common.state import DcView, RequestView, SnapshotView
+from services.common.topology import Topology, build_datacenter
+from services.common.vclock import VirtualClock
+from services.datacenter.dc import Datacenter
+from services.datacenter.engine import FINISHED, FIRST_TOKEN, EngineEvent, EngineRequest
+from services.datacenter.vdriver import VirtualDcRuntime
+from services.loadgen.plan import PlannedRequest, plan_requests
+from services.loadgen.records import COMPLETED, FAILED, REJECTED, RecordRow
+from services.loadgen.summary import DcFinal, summarize
+from services.scheduler.core import Dispatch, SchedulerCore
+from services.scheduler.policies.base import zero_clock
+from services.scheduler.policies.registry import get_policy
+
+Progress = Callable[[float, int, int], None]
+
+
+def dc_view(dc: Datacenter, now: float) -> DcView:
+    c = dc.counters(now)
+    cfg = dc.config
+    return DcView(
+        dc=cfg.name,
+        region=cfg.region,
+        setup=f"{dc.cal.gpu}/{dc.cal.model}-tp{dc.cal.tp}",
+        engines=c.engines,
+        max_batch=dc.cal.engine.max_num_seqs,
+        active_batch=c.active_batch,
+        queue_tokens=c.queue_tokens,
+        kv_tokens=c.kv_tokens,
+        kv_occupancy_ratio=c.kv_occupancy_ratio,
+        prefill_duty_ratio=c.prefill_duty_ratio,
+        waiting_requests=c.waiting_requests,
+        ci_g_per_kwh=c.effective_ci_g_per_kwh,
+        pue=cfg.pue,
+        up=not dc.draining,
+        model=dc.cal.model,
+        grid_ci_g_per_kwh=c.grid_ci_g_per_kwh,
+        zone=cfg.zone,
+    )
+
+
+def dc_final(dc: Datacenter, now: float, start_s: float = 0.0) -> DcFinal:
+    c = dc.counters(now)
+    e = c.energy
+    ci_mean = dc.ci.mean(start_s, now) if now > start_s else dc.ci.at(now)
+    return DcFinal(
+        dc=dc.config.name,
+        region=dc.config.region,
+        zone=dc.config.zone,
+        gpu_active_j=e.gpu_active_j,
+        gpu_idle_j=e.gpu_idle_j,
+        host_j=e.host_j,
+        training_j=e.training_j,
+        facility_j=c.facility_j,
+        renewable_j=e.renewable_j,
+        grid_j=e.grid_j,
+        carbon_g=c.carbon_g,
+        lateness_s_p99=c.lateness_s_p99,
+        lateness_s_max=c.lateness_s_max,
+        faithful=c.faithful,
+        mean_ci_g_per_kwh=ci_mean,
+    )
+
+
+@dataclass
+class _Req:
+    plan: PlannedRequest
+    row: RecordRow
+
+
+class SimRun:
+    def __init__(
+        self,
+        topo: Topology,
+        *,
+        charge_solver_time: bool = True,
+        drain_limit_s: float = 600.0,
+        progress: Progress | None = None,
+    ) -> None:
+        self.topo = topo
+        self.clock = VirtualClock(0.0)
+        self.charge = charge_solver_time
+        self.drain_limit_s = drain_limit_s
+        self.progress = progress
+        self.dcs: dict[str, Datacenter] = {}
+        self.drivers: dict[str, VirtualDcRuntime] = {}
+        for spec in topo.dcs:
+            dc = build_datacenter(topo, spec.name, 0.0)
+            self.dcs[spec.name] = dc
+            self.drivers[spec.name] = VirtualDcRuntime(dc, self.clock, self._dc_sink(spec.name))
+        policy_clock = time.perf_counter if charge_solver_time else zero_clock
+        self.schedulers: dict[str, SchedulerCore] = {}
+        for k, region in enumerate(topo.regions):
+            s = region.scheduler
+            policy = get_policy(
+                s.policy,
+                clock=policy_clock,
+                rng=np.random.default_rng(topo.load.seed + 1000 + k),
+                **dict(s.policy_config),
+            )
+            self.schedulers[region.name] = SchedulerCore(
+                region.name, s, topo.dcs, policy, clock=policy_clock
+            )
+        self._flush_at: dict[str, float | None] = {r.name: None for r in topo.regions}
+        self.reqs: dict[str, _Req] = {}
+        self.in_flight = 0
+        self.emitted: list[str] = []
+        self.snap_seq = 0
+        self._views: dict[str, DcView] = {}
+        self.polls = 0
+        self.wall_s = 0.0
+
+    # ---------------------------------------------------------------- load
+    def _emit(self, p: PlannedRequest) -> None:
+        now = self.clock.now
+        row = RecordRow(
+            id=p.id, origin_region=p.origin_region, dataset=p.dataset, isl_tokens=p.isl_tokens,
+            osl_tokens=p.osl_tokens, state="", emitted_s=now, scheduler_arrival_s=now,
+            ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s,
+            policy=self.schedulers[p.origin_region].policy.name,
+        )
+        self.reqs[p.id] = _Req(p, row)
+        self.emitted.append(p.id)
+        self.in_flight += 1
+        view = RequestView(
+            id=p.id, model=p.model, isl_tokens=p.isl_tokens, osl_tokens=p.osl_tokens,
+            origin_region=p.origin_region, ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s,
+            arrival_s=now, dataset=p.dataset,
+        )
+        sched = self.schedulers[p.origin_region]
+        self._handle(p.origin_region, sched.submit(view, now))
+        self._arm_flush(p.origin_region)
+
+    # ---------------------------------------------------------------- schedulers
+    def _arm_flush(self, region: str) -> None:
+        deadline = self.schedulers[region].deadline()
+        if deadline is not None and self._flush_at[region] is None:
+            self._flush_at[region] = deadline
+            self.clock.call_at(deadline, self._flush, region)
+
+    def _flush(self, region: str) -> None:
+        self._flush_at[region] = None
+        sched = self.schedulers[region]
+        if sched.deadline() is not None:
+            self._handle(region, sched.flush(self.clock.now))
+        self._arm_flush(region)
+
+    def _handle(self, region: str, dispatches: list[Dispatch]) -> None:
+        now = self.clock.now
+        for d in dispatches:
+            r = self.reqs[d.request_id]
+            row = r.row
+            delay = d.decision_s if self.charge else 0.0
+            if region == row.origin_region and math.isnan(row.decided_s):
+                row.decided_s = now + delay
+                row.decision_s = d.decision_s
+                row.fallback = d.fallback
+            if not d.dc:
+                self.clock.call_at(now + delay, self._finish_failed, d.request_id, REJECTED,
+                                   "no datacenter can serve the request", "UNAVAILABLE")
+                continue
+            if d.forward:
+                row.forwarded = True
+                rtt = self.topo.rtt_s[(region, d.region)]
+                self.clock.call_at(now + delay + rtt / 2, self._arrive_peer, d.region,
+                                   d.request_id, d.dc)
+            else:
+                self.clock.call_at(now + delay, self._to_dc, d.request_id, d.dc)
+
+    def _arrive_peer(self, region: str, rid: str, dc: str) -> None:
+        sched = self.schedulers[region]
+        self._handle(region, sched.admit_forwarded(rid, dc, self.clock.now))
+        self._arm_flush(region)
+
+    # ---------------------------------------------------------------- datacenters
+    def _to_dc(self, rid: str, dc: str) -> None:
+        r = self.reqs[rid]
+        row = r.row
+        row.dc = dc
+        row.dc_region = self.dcs[dc].config.region
+        row.dc_arrival_s = self.clock.now
+        ereq = EngineRequest(rid, r.plan.isl_tokens, r.plan.osl_tokens, self.clock.now,
+                             payload=rid)
+        try:
+            idx = self.drivers[dc].submit(ereq, r.plan.model)
+        except GeoServeError as exc:
+            self.dcs[dc].rejected += 1
+            self._finish_failed(rid, REJECTED, str(exc), exc.status_code)
+            return
+        row.engine = self.dcs[dc].engines[idx].name
+
+    def _back_delay(self, row: RecordRow) -> float:
+        if not row.forwarded:
+            return 0.0
+        return self.topo.rtt_s[(row.origin_region, row.dc_region)] / 2
+
+    def _dc_sink(self, dc: str) -> Callable[[int, EngineEvent], None]:
+        def sink(idx: int, ev: EngineEvent) -> None:
+            row = self.reqs[ev.request_id].row
+            back = self._back_delay(row)
+            if ev.kind == FIRST_TOKEN:
+                row.first_token_s = ev.time_s
+                row.first_token_origin_s = ev.time_s + back
+            elif ev.kind == FINISHED and ev.finished is not None:
+                f = ev.finished
+                row.admitted_s = f.admitted_s
+                row.completed_s = f.completed_s
+                row.completed_origin_s = f.completed_s + back
+                row.output_tokens = f.output_tokens
+                row.prefill_tokens = f.prefilled_tokens
+                row.preemptions = f.preemptions
+                row.energy_j = f.energy_j
+                row.ttft_s = row.first_token_origin_s - row.scheduler_arrival_s
+                row.tpot_s = f.tpot_s
+                row.e2e_s = row.completed_origin_s - row.scheduler_arrival_s
+                row.queue_s = f.queue_s
+                row.state = COMPLETED
+                self.in_flight -= 1
+
+        return sink
+
+    def _finish_failed(self, rid: str, state: str, reason: str, code: str) -> None:
+        row = self.reqs[rid].row
+        if row.state:
+            return
+        row.state = state
+        row.reason = reason
+        row.status_code = code
+        self.in_flight -= 1
+
+    # ---------------------------------------------------------------- provisioner
+    def _poll(self, names: list[str], broadcast: bool) -> None:
+        now = self.clock.now
+        for n in names:
+            self._views[n] = dc_view(self.dcs[n], now)
+        self.polls += len(names)
+        if broadcast:
+            self.snap_seq += 1
+            snap = SnapshotView(
+                seq=self.snap_seq,
+                time_s=now,
+                dcs=tuple(self._views[d.name] for d in self.topo.dcs if d.name in self._views),
+                rtt_s=self.topo.rtt_s,
+            )
+            for s in self.schedulers.values():
+                s.on_snapshot(snap, now)
+
+    def _schedule_polls(self, end_s: float) -> None:
+        period = self.topo.provisioner.period_s
+        names = [d.name for d in self.topo.dcs]
+        ticks = int(end_s / period) + 1
+        if self.topo.provisioner.mode == "sync":
+            for k in range(ticks):
+                self.clock.call_at(k * period, self._poll, names, True)
+        else:
+            n = len(names)
+            for k in range(ticks):
+                for i, name in enumerate(names):
+                    self.clock.call_at(k * period + i * period / n, self._poll, [name],
+                                       i == n - 1 or k == 0)
+
+    # ---------------------------------------------------------------- run
+    def run(self) -> dict[str, Any]:
+        t_wall = time.perf_counter()
+        plan = plan_requests(self.topo)
+        duration = self.topo.load.duration_s
+        for p in plan:
+            self.clock.call_at(p.t_s, self._emit, p)
+        horizon = duration + self.drain_limit_s
+        self._schedule_polls(duration)
+        step = max(duration / 10, 1.0)
+        t = 0.0
+        while t < duration:
+            t = min(t + step, duration)
+            self.clock.run(until=t)
+            if self.progress:
+                self.progress(t, len(self.emitted), len(self.emitted) - self.in_flight)
+        # drain: run until everything emitted has finished, in chunks
+        while self.in_flight > 0 and self.clock.now < horizon:
+            nxt = self.clock.peek()
+            if nxt is None:
+                break
+            self.clock.run(until=min(self.clock.now + 5.0, horizon))
+        end = self.clock.now
+        if self.in_flight > 0:
+            for rid in self.emitted:
+                self._finish_failed(rid, FAILED, "run ended before the request finished",
+                                    "DEADLINE_EXCEEDED")
+        self.end_s = end
+        self.wall_s = time.perf_counter() - t_wall
+        return self.summary()
+
+    def records(self) -> list[RecordRow]:
+        return [self.reqs[rid].row for rid in self.emitted]
+
+    def summary(self) -> dict[str, Any]:
+        end = self.end_s
+        finals = [dc_final(self.dcs[d.name], end) for d in self.topo.dcs]
+        sched = {
+            region: {
+                "policy": s.policy.name,
+                "decisions": s.stats.decisions,
+                "local": s.stats.local,
+                "forwarded": s.stats.forwarded,
+                "forwarded_in": s.stats.forwarded_in,
+                "fallbacks": s.stats.fallbacks,
+                "stale_decisions": s.stats.stale_decisions,
+                "windows": s.stats.windows,
+                "mean_window": float(np.mean(s.stats.window_sizes)) if s.stats.window_sizes
+                else 0.0,
+                "solver_status": dict(s.stats.solver_status),
+            }
+            for region, s in self.schedulers.items()
+        }
+        config = {
+            **self.topo.to_dict(),
+            "policy": ",".join(sorted({s.policy.name for s in self.schedulers.values()})),
+            "charge_solver_time": self.charge,
+        }
+        return summarize(
+            self.records(),
+            self.emitted,
+            finals,
+            runtime="virtual",
+            config=config,
+            warmup_s=self.topo.load.warmup_s,
+            dilation=1.0,
+            scheduler=sched,
+            wall_s=self.wall_s,
+            emulated_s=end,
+        )
