@@ -1,0 +1,115 @@
+"""``python -m services.provisioner``: poll every DC of a topology and broadcast snapshots.
+
+DC addresses come from ``--dcs NAME=HOST:PORT,...`` or the ``DC_ADDRS`` environment
+variable (same format); every DC of the topology needs one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from geoserve.v1 import common_pb2 as pb
+
+from services.common.clock import WallClock
+from services.common.errors import GeoServeError, InvalidInput
+from services.provisioner.core import DcInfo, ProvisionerCore
+from services.provisioner.server import WallProvisioner, serve
+
+
+def parse_dc_addresses(text: str, source: str = "--dcs") -> dict[str, str]:
+    """``"a=h:1,b=h:2"`` -> ``{"a": "h:1", "b": "h:2"}``; errors name `source`."""
+    out: dict[str, str] = {}
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        name, sep, addr = item.partition("=")
+        name, addr = name.strip(), addr.strip()
+        if not sep or not name or not addr:
+            raise InvalidInput(source, f"expected NAME=HOST:PORT, got {item!r}")
+        if name in out:
+            raise InvalidInput(source, f"DC {name!r} given twice")
+        out[name] = addr
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m services.provisioner", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--topology", default=os.environ.get("GEOSERVE_TOPOLOGY"),
+                   help="topology YAML (path or name under topologies/)")
+    p.add_argument("--dcs", default=None,
+                   help="DC addresses NAME=HOST:PORT,... (default: $DC_ADDRS)")
+    p.add_argument("--address", default=None, help="listen address (default [::]:$PORT)")
+    p.add_argument("--period", type=float, default=None,
+                   help="poll period Δp, emulated s (default: the topology's)")
+    p.add_argument("--mode", choices=["sync", "async"], default=None,
+                   help="poll mode (default: the topology's)")
+    p.add_argument("--poll-timeout", type=float, default=None,
+                   help="GetState deadline, emulated s (default min(0.5, Δp/2))")
+    p.add_argument("--dilation", type=float, default=None,
+                   help="time dilation factor k >= 1 (default: the topology's)")
+    p.add_argument("--epoch", type=float, default=None, help="run epoch, unix seconds")
+    p.add_argument("--stop-grace", type=float, default=1.0, help="SIGTERM stop grace, wall s")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = build_parser().parse_args(argv)
+    from services.common.topology import load_topology
+
+    try:
+        if not args.topology:
+            raise InvalidInput("--topology", "required (or set GEOSERVE_TOPOLOGY)")
+        topo = load_topology(args.topology)
+        if args.dcs is not None:
+            addrs = parse_dc_addresses(args.dcs, "--dcs")
+        else:
+            addrs = parse_dc_addresses(os.environ.get("DC_ADDRS", ""), "DC_ADDRS")
+        names = [d.name for d in topo.dcs]
+        missing = [n for n in names if n not in addrs]
+        if missing:
+            raise InvalidInput(
+                "--dcs", f"no address for DC(s) {', '.join(missing)} of topology {topo.name}; "
+                "pass --dcs NAME=HOST:PORT,... or set DC_ADDRS")
+        unknown = sorted(set(addrs) - set(names))
+        if unknown:
+            raise InvalidInput(
+                "--dcs", f"DC(s) {', '.join(unknown)} not in topology {topo.name}; "
+                f"known: {', '.join(names)}")
+        address = args.address or f"[::]:{os.environ.get('PORT', '50051')}"
+        clock = WallClock(args.dilation if args.dilation is not None else topo.dilation,
+                          args.epoch)
+        core: ProvisionerCore[pb.DcState] = ProvisionerCore(
+            [DcInfo(d.name, d.region, d.zone) for d in topo.dcs],
+            topo.rtt_s,
+            period_s=args.period if args.period is not None else topo.provisioner.period_s,
+            mode=args.mode or topo.provisioner.mode,
+            start_s=clock.now(),
+        )
+        asyncio.run(_run(core, clock, addrs, args.poll_timeout, address, args.stop_grace))
+    except GeoServeError as exc:
+        print(f"provisioner: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def _run(
+    core: ProvisionerCore[pb.DcState],
+    clock: WallClock,
+    addrs: dict[str, str],
+    poll_timeout_s: float | None,
+    address: str,
+    stop_grace_s: float,
+) -> None:
+    # channels bind to the running event loop: build the runtime inside it
+    prov = WallProvisioner(core, clock, addrs, poll_timeout_s)
+    await serve(prov, address, stop_grace_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

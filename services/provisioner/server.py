@@ -1,0 +1,220 @@
+"""The provisioner gRPC service: the `ProvisionerCore` driven by the wall clock.
+
+One task sleeps until the core's next poll slot (absolute emulated deadlines on the
+run's dilated clock), asks the core which polls are due and issues each as its own task
+over one persistent channel per DC, with a deadline of ``poll_timeout_s`` emulated seconds
+(× dilation in wall time). Results go back to the core; every snapshot it publishes is
+converted once to a `pb.Snapshot` and offered to every `Watch` subscriber. Each
+subscriber has a one-slot queue: a slow reader gets the latest snapshot, never a backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping
+
+import grpc
+from geoserve.v1 import common_pb2 as pb
+from geoserve.v1 import datacenter_pb2 as dpb
+from geoserve.v1 import datacenter_pb2_grpc as dgrpc
+from geoserve.v1 import provisioner_pb2 as ppb
+from geoserve.v1 import provisioner_pb2_grpc as pgrpc
+
+from services.common.clock import WallClock
+from services.common.errors import InvalidInput
+from services.common.grpcutil import install_signal_handlers, set_not_serving, start_server
+from services.provisioner.convert import snapshot_to_proto
+from services.provisioner.core import Poll, PollOutcome, ProvisionerCore
+
+log = logging.getLogger("geoserve.provisioner")
+
+_Mailbox = asyncio.Queue[pb.Snapshot | None]
+
+
+def client_channel_options(period_wall_s: float) -> list[tuple[str, int]]:
+    """Channel options for DC channels: reconnect within about a poll period after a DC
+    restarts (the default backoff grows to minutes)."""
+    max_ms = int(min(max(period_wall_s * 1000.0, 200.0), 2000.0))
+    return [
+        ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+        ("grpc.initial_reconnect_backoff_ms", min(100, max_ms)),
+        ("grpc.min_reconnect_backoff_ms", min(100, max_ms)),
+        ("grpc.max_reconnect_backoff_ms", max_ms),
+    ]
+
+
+def default_poll_timeout_s(period_s: float) -> float:
+    """Deadline of one GetState poll, emulated seconds: min(0.5, Δp/2)."""
+    return min(0.5, period_s / 2.0)
+
+
+class WallProvisioner:
+    """Polls DCs in wall-clock time (time-dilated) and fans snapshots out to watchers."""
+
+    def __init__(
+        self,
+        core: ProvisionerCore[pb.DcState],
+        clock: WallClock,
+        dc_addresses: Mapping[str, str],
+        poll_timeout_s: float | None = None,
+    ) -> None:
+        missing = [d.dc for d in core.dcs if d.dc not in dc_addresses]
+        if missing:
+            raise InvalidInput("dcs", f"no address for DC(s) {missing}")
+        self.core = core
+        self.clock = clock
+        self.poll_timeout_s = (
+            default_poll_timeout_s(core.period_s) if poll_timeout_s is None else poll_timeout_s
+        )
+        if not self.poll_timeout_s > 0:
+            raise InvalidInput("poll_timeout_s", f"must be > 0, got {self.poll_timeout_s}")
+        opts = client_channel_options(clock.wall_delay(core.period_s))
+        self._channels = {dc: grpc.aio.insecure_channel(a, options=opts)
+                          for dc, a in dc_addresses.items()}
+        self._stubs = {dc: dgrpc.DatacenterStub(ch) for dc, ch in self._channels.items()}
+        self.latest: pb.Snapshot | None = None
+        self._subscribers: set[_Mailbox] = set()
+        self._polls: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+        self.closed = False
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._run(), name="provisioner-poll")
+
+    async def stop(self) -> None:
+        """Stop polling, end every Watch stream, close the DC channels."""
+        self.closed = True
+        tasks = [*self._polls, *([self._loop_task] if self._loop_task else [])]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for q in list(self._subscribers):
+            _offer(q, None)
+        for ch in self._channels.values():
+            await ch.close()
+
+    # ---------------------------------------------------------------- polling
+    async def _run(self) -> None:
+        while not self.closed:
+            lateness_s = await self.clock.sleep_until(self.core.next_poll_s())
+            if lateness_s > self.core.period_s:
+                log.warning("poll loop woke up %.3f s (emulated) late", lateness_s)
+            for poll in self.core.due(self.clock.now()):
+                task = asyncio.create_task(self._poll(poll), name=f"poll-{poll.dc}")
+                self._polls.add(task)
+                task.add_done_callback(self._polls.discard)
+
+    async def _poll(self, poll: Poll) -> None:
+        stub = self._stubs[poll.dc]
+        try:
+            reply = await stub.GetState(
+                dpb.GetStateRequest(), timeout=self.clock.wall_delay(self.poll_timeout_s)
+            )
+        except grpc.aio.AioRpcError as exc:
+            reason = f"{exc.code().name}: {exc.details()}"
+            self._apply(self.core.on_poll_failed(poll, self.clock.now(), reason))
+            return
+        state = reply.state
+        self._apply(self.core.on_poll_ok(poll, state, self.clock.now(), dc_up=state.up))
+
+    def _apply(self, outcome: PollOutcome[pb.DcState]) -> None:
+        t = outcome.transition
+        if t is not None:
+            if t.up:
+                log.info("DC %s is up (t=%.3f s)", t.dc, t.time_s)
+            else:
+                log.warning("DC %s is down (t=%.3f s): %s", t.dc, t.time_s, t.reason)
+        if outcome.snapshot is not None:
+            self.publish(snapshot_to_proto(outcome.snapshot))
+
+    # ---------------------------------------------------------------- fan-out
+    def publish(self, snap: pb.Snapshot) -> None:
+        self.latest = snap
+        for q in self._subscribers:
+            _offer(q, snap)
+
+    def subscribe(self) -> _Mailbox:
+        q: _Mailbox = asyncio.Queue(maxsize=1)
+        if self.closed:
+            q.put_nowait(None)
+        elif self.latest is not None:
+            q.put_nowait(self.latest)
+        self._subscribers.add(q)
+        return q
+
+    def unsubscribe(self, q: _Mailbox) -> None:
+        self._subscribers.discard(q)
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subscribers)
+
+
+def _offer(q: _Mailbox, item: pb.Snapshot | None) -> None:
+    """Replace whatever the subscriber has not read yet with `item` (latest wins)."""
+    while not q.empty():
+        q.get_nowait()
+    q.put_nowait(item)
+
+
+class ProvisionerService(pgrpc.ProvisionerServicer):
+    def __init__(self, prov: WallProvisioner) -> None:
+        self.prov = prov
+
+    async def Watch(  # noqa: N802 (gRPC method name)
+        self, request: ppb.WatchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.Snapshot]:
+        who = request.subscriber or context.peer()
+        q = self.prov.subscribe()
+        log.info("watch: %s subscribed (%d watching)", who, self.prov.subscribers)
+        try:
+            while True:
+                snap = await q.get()
+                if snap is None:
+                    return
+                yield snap
+        finally:
+            self.prov.unsubscribe(q)
+            log.info("watch: %s left (%d watching)", who, self.prov.subscribers)
+
+    async def GetSnapshot(  # noqa: N802
+        self, request: ppb.GetSnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Snapshot:
+        if self.prov.latest is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no snapshot yet")
+        assert self.prov.latest is not None
+        return self.prov.latest
+
+
+async def serve(
+    prov: WallProvisioner,
+    address: str,
+    stop_grace_s: float = 1.0,
+    ready: asyncio.Event | None = None,
+) -> None:
+    """Run the provisioner until SIGTERM/SIGINT: health NOT_SERVING, end watches, stop."""
+    service = ProvisionerService(prov)
+    server, health_servicer, port = await start_server(
+        [(pgrpc.add_ProvisionerServicer_to_server, service)],
+        [ppb.DESCRIPTOR.services_by_name["Provisioner"].full_name],
+        address,
+    )
+    core = prov.core
+    log.info("provisioner serving on port %d: %d DCs, period %.3f s (%s), poll timeout %.3f s,"
+             " dilation %g", port, len(core.dcs), core.period_s, core.mode,
+             prov.poll_timeout_s, prov.clock.dilation)
+    prov.start()
+    stopping = asyncio.Event()
+
+    async def on_stop() -> None:
+        await set_not_serving(health_servicer)
+        await prov.stop()
+        await server.stop(stop_grace_s)
+        stopping.set()
+
+    install_signal_handlers(on_stop)
+    if ready is not None:
+        ready.set()
+    await stopping.wait()
