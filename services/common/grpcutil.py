@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import grpc
@@ -93,7 +93,7 @@ async def set_not_serving(health_servicer: health.aio.HealthServicer) -> None:
     await health_servicer.enter_graceful_shutdown()
 
 
-def install_signal_handlers(on_stop: Callable[[], Awaitable[None]]) -> None:
+def install_signal_handlers(on_stop: Callable[[], Coroutine[Any, Any, None]]) -> None:
     loop = asyncio.get_running_loop()
     fired = False
 
@@ -131,3 +131,16 @@ async def wait_healthy(address: str, timeout_s: float = 30.0, service: str = "")
                 last = exc
             await asyncio.sleep(0.05)
     raise TimeoutError(f"{address} not healthy after {timeout_s}s: {last}")
+
+
+def parse_addr_map(text: str, field: str) -> dict[str, str]:
+    """Parse ``name=host:port,name=host:port`` (field names the flag or env variable)."""
+    out: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, addr = part.partition("=")
+        if not sep or not name or ":" not in addr:
+            raise InvalidInput(field, f"expected NAME=HOST:PORT entries, got {part!r}")
+        out[name] = addr
+    return out

@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--routing", default="round-robin", choices=["round-robin", "least-loaded"])
     p.add_argument("--max-queue", type=int, default=4096, help="waiting requests per engine")
     p.add_argument("--address", default=None, help="listen address (default [::]:$PORT)")
-    p.add_argument("--dilation", type=float, default=1.0, help="time dilation factor k >= 1")
+    p.add_argument("--dilation", type=float, default=None, help="time dilation factor k >= 1")
     p.add_argument("--epoch", type=float, default=None, help="run epoch, unix seconds")
     p.add_argument("--drain-grace", type=float, default=5.0, help="SIGTERM drain, wall s")
     return p
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                 routing=args.routing,
                 max_queue_per_engine=args.max_queue,
             )
-            clock = WallClock(args.dilation, args.epoch)
+            clock = WallClock(args.dilation or 1.0, args.epoch)
             dc = Datacenter(cfg, cal, FixedCI(args.ci), start_s=clock.now())
         asyncio.run(serve(dc, address, clock, args.drain_grace))
     except GeoServeError as exc:

@@ -1,0 +1,327 @@
+"""The load generator process (wall runtime): emit, dispatch, collect, summarise.
+
+* Plans the requests (`services.loadgen.plan`), opens one Submit stream per regional
+  scheduler and emits each request at its planned time (time-dilated) to its origin
+  region's scheduler.
+* Collects the events; every request ends in exactly one record: the scheduler's
+  FINISHED record, FAILED when its scheduler's stream broke, or FAILED when no record
+  arrived within ``drain_limit_s`` after the load ended.
+* Energy and carbon cover the load window: DC counters are read when the load starts and
+  after the last record, and the difference is reported.
+* Writes ``records.csv`` and ``summary.json`` into the output folder and prints progress
+  and a summary table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+import grpc
+from geoserve.v1 import common_pb2 as pb
+from geoserve.v1 import datacenter_pb2 as dpb
+from geoserve.v1 import datacenter_pb2_grpc as dgrpc
+from geoserve.v1 import scheduler_pb2 as spb
+from geoserve.v1 import scheduler_pb2_grpc as sgrpc
+
+from services.common.clock import WallClock
+from services.common.grpcutil import CHANNEL_OPTIONS
+from services.common.topology import Topology
+from services.loadgen.plan import PlannedRequest, plan_requests
+from services.loadgen.records import COMPLETED, FAILED, REJECTED, RecordRow, write_csv
+from services.loadgen.summary import DcFinal, format_table, summarize
+
+STATE_NAMES = {pb.COMPLETED: COMPLETED, pb.REJECTED: REJECTED, pb.FAILED: FAILED}
+
+
+def row_from_record(rec: pb.RequestRecord, plan: PlannedRequest, t0: float) -> RecordRow:
+    """A flat record with times relative to the start of the load (`t0`)."""
+    r = rec.request
+    ts = r.timestamps
+
+    def rel(v: float) -> float:
+        return v - t0 if v > 0 else math.nan
+
+    done = rec.state == pb.COMPLETED
+    return RecordRow(
+        id=plan.id,
+        origin_region=plan.origin_region,
+        dataset=plan.dataset,
+        isl_tokens=plan.isl_tokens,
+        osl_tokens=plan.osl_tokens,
+        state=STATE_NAMES.get(rec.state, FAILED),
+        reason=rec.reason,
+        status_code=rec.status_code,
+        dc=rec.dc or r.target_dc,
+        dc_region=r.target_region,
+        engine=rec.engine,
+        forwarded=r.forwarded,
+        fallback=r.fallback,
+        policy=r.policy,
+        emitted_s=rel(ts.emitted_s),
+        scheduler_arrival_s=rel(ts.scheduler_arrival_s),
+        decided_s=rel(ts.decided_s),
+        dc_arrival_s=rel(ts.dc_arrival_s),
+        admitted_s=rel(ts.admitted_s),
+        first_token_s=rel(ts.first_token_s),
+        completed_s=rel(ts.completed_s),
+        first_token_origin_s=rel(ts.first_token_origin_s),
+        completed_origin_s=rel(ts.completed_origin_s),
+        ttft_s=rec.ttft_s if done else math.nan,
+        tpot_s=rec.tpot_s if done else math.nan,
+        e2e_s=rec.e2e_s if done else math.nan,
+        queue_s=rec.queue_s if done else math.nan,
+        output_tokens=rec.output_tokens,
+        prefill_tokens=rec.prefill_tokens,
+        preemptions=rec.preemptions,
+        energy_j=rec.energy_j,
+        decision_s=r.decision_s if ts.decided_s > 0 else math.nan,
+        ttft_slo_s=plan.ttft_slo_s,
+        tpot_slo_s=plan.tpot_slo_s,
+    )
+
+
+def failed_row(plan: PlannedRequest, t0: float, emitted_s: float, reason: str) -> RecordRow:
+    return RecordRow(
+        id=plan.id, origin_region=plan.origin_region, dataset=plan.dataset,
+        isl_tokens=plan.isl_tokens, osl_tokens=plan.osl_tokens, state=FAILED, reason=reason,
+        status_code="UNAVAILABLE", emitted_s=emitted_s - t0 if emitted_s else math.nan,
+        ttft_slo_s=plan.ttft_slo_s, tpot_slo_s=plan.tpot_slo_s,
+    )
+
+
+def dc_final_from_states(start: pb.DcState, end: pb.DcState) -> DcFinal:
+    """Energy and carbon between two DC states (the load window)."""
+    a, b = start.energy, end.energy
+    grid_j = b.grid_j - a.grid_j
+    carbon = end.carbon_g - start.carbon_g
+    mean_ci = carbon / (grid_j / 3.6e6) if grid_j > 0 else end.grid_ci_g_per_kwh
+    return DcFinal(
+        dc=end.dc,
+        region=end.region,
+        zone=end.zone,
+        gpu_active_j=b.gpu_active_j - a.gpu_active_j,
+        gpu_idle_j=b.gpu_idle_j - a.gpu_idle_j,
+        host_j=b.host_j - a.host_j,
+        training_j=b.training_j - a.training_j,
+        facility_j=b.facility_j - a.facility_j,
+        renewable_j=b.renewable_j - a.renewable_j,
+        grid_j=grid_j,
+        carbon_g=carbon,
+        lateness_s_p99=end.lateness_s_p99,
+        lateness_s_max=end.lateness_s_max,
+        faithful=end.faithful,
+        mean_ci_g_per_kwh=mean_ci,
+    )
+
+
+class LoadGenerator:
+    def __init__(
+        self,
+        topo: Topology,
+        schedulers: Mapping[str, str],
+        dcs: Mapping[str, str],
+        clock: WallClock,
+        out_dir: Path | None,
+        drain_limit_s: float = 120.0,
+        progress_every_s: float = 5.0,
+        stream: TextIO = sys.stdout,
+    ) -> None:
+        self.topo = topo
+        self.schedulers = dict(schedulers)
+        self.dcs = dict(dcs)
+        self.clock = clock
+        self.out_dir = out_dir
+        self.drain_limit_s = drain_limit_s
+        self.progress_every_s = progress_every_s
+        self.out = stream
+        self.plan = plan_requests(topo)
+        self.by_id = {p.id: p for p in self.plan}
+        self.rows: dict[str, RecordRow] = {}
+        self.emitted_at: dict[str, float] = {}
+        self.outstanding: dict[str, set[str]] = {r: set() for r in self.schedulers}
+        self.t0 = 0.0
+
+    def log(self, msg: str) -> None:
+        print(msg, file=self.out, flush=True)
+
+    async def _dc_states(self) -> dict[str, pb.DcState]:
+        async def one(name: str, addr: str) -> tuple[str, pb.DcState | None]:
+            async with grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS) as ch:
+                try:
+                    r = await dgrpc.DatacenterStub(ch).GetState(dpb.GetStateRequest(), timeout=5)
+                    return name, r.state
+                except grpc.aio.AioRpcError:
+                    return name, None
+
+        got = await asyncio.gather(*(one(n, a) for n, a in self.dcs.items()))
+        return {n: s for n, s in got if s is not None}
+
+    async def _scheduler_info(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for region, addr in self.schedulers.items():
+            async with grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS) as ch:
+                try:
+                    i = await sgrpc.SchedulerStub(ch).Info(spb.SchedulerInfoRequest(), timeout=5)
+                    out[region] = {"policy": i.policy, "decisions": i.decisions,
+                                   "forwarded": i.forwarded, "fallbacks": i.fallbacks,
+                                   "snapshot_age_s": i.snapshot_age_s}
+                except grpc.aio.AioRpcError as exc:
+                    out[region] = {"error": exc.code().name}
+        return out
+
+    def _record(self, rid: str, row: RecordRow) -> None:
+        if rid in self.rows:
+            return
+        self.rows[rid] = row
+
+    async def _region_stream(self, region: str, addr: str, items: list[PlannedRequest],
+                             all_sent: asyncio.Event) -> None:
+        done = asyncio.Event()
+        pending = self.outstanding[region]
+
+        async def gen():  # type: ignore[no-untyped-def]
+            for p in items:
+                await self.clock.sleep_until(self.t0 + p.t_s)
+                now = self.clock.now()
+                self.emitted_at[p.id] = now
+                req = pb.Request(
+                    id=p.id, model=p.model, isl_tokens=p.isl_tokens, osl_tokens=p.osl_tokens,
+                    dataset=p.dataset, origin_region=p.origin_region,
+                    slo=pb.Slo(ttft_s=p.ttft_slo_s, tpot_s=p.tpot_slo_s),
+                )
+                req.timestamps.emitted_s = now
+                pending.add(p.id)
+                yield req
+            await done.wait()  # keep the stream open until every record is back
+
+        try:
+            async with grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS) as ch:
+                call = sgrpc.SchedulerStub(ch).Submit(gen())
+                async for ev in call:
+                    if ev.kind != pb.FINISHED:
+                        continue
+                    p = self.by_id.get(ev.request_id)
+                    if p is None:
+                        continue
+                    pending.discard(p.id)
+                    self._record(p.id, row_from_record(ev.record, p, self.t0))
+                    if all_sent.is_set() and not pending and len(self.emitted_at) >= len(items):
+                        done.set()
+                        break
+                    if self._all_emitted(region, items) and not pending:
+                        done.set()
+                        break
+        except grpc.aio.AioRpcError as exc:
+            reason = f"scheduler {region} unreachable ({exc.code().name})"
+            for rid in list(pending):
+                p = self.by_id[rid]
+                self._record(rid, failed_row(p, self.t0, self.emitted_at.get(rid, 0.0), reason))
+            pending.clear()
+            # requests not yet emitted to this region are never sent: record them too
+            for p in items:
+                if p.id not in self.emitted_at and p.id not in self.rows:
+                    self.emitted_at[p.id] = self.clock.now()
+                    self._record(p.id, failed_row(p, self.t0, 0.0, reason))
+
+    def _all_emitted(self, region: str, items: list[PlannedRequest]) -> bool:
+        return all(p.id in self.emitted_at for p in items[-1:]) if items else True
+
+    async def _progress(self) -> None:
+        start = time.monotonic()
+        n = len(self.plan)
+        while True:
+            await asyncio.sleep(self.progress_every_s)
+            emitted = len(self.emitted_at)
+            done = len(self.rows)
+            t = self.clock.now() - self.t0
+            ok = sum(r.state == COMPLETED for r in self.rows.values())
+            self.log(f"[{time.monotonic() - start:6.1f}s wall | t={t:7.1f}s emulated] "
+                     f"emitted {emitted}/{n}  finished {done} (completed {ok})  "
+                     f"in flight {emitted - done}")
+
+    async def run(self) -> dict[str, Any]:
+        wall0 = time.monotonic()
+        start_states = await self._dc_states()
+        self.t0 = self.clock.now() + 0.2
+        by_region: dict[str, list[PlannedRequest]] = {r: [] for r in self.schedulers}
+        for p in self.plan:
+            if p.origin_region not in by_region:
+                self._record(p.id, failed_row(p, self.t0, 0.0,
+                                              f"no scheduler address for {p.origin_region}"))
+                continue
+            by_region[p.origin_region].append(p)
+        self.log(f"load: {len(self.plan)} requests over {self.topo.load.duration_s:.0f} s "
+                 f"emulated ({self.topo.load.rate_rps} req/s, {self.topo.load.dataset}), "
+                 f"dilation {self.clock.dilation}")
+        all_sent = asyncio.Event()
+        prog = asyncio.create_task(self._progress())
+        tasks = [
+            asyncio.create_task(self._region_stream(r, self.schedulers[r], items, all_sent))
+            for r, items in by_region.items()
+        ]
+        end_load = self.t0 + self.topo.load.duration_s
+        await self.clock.sleep_until(end_load)
+        all_sent.set()
+        try:
+            await asyncio.wait_for(asyncio.gather(*tasks),
+                                   timeout=self.clock.wall_delay(self.drain_limit_s))
+        except TimeoutError:
+            for t in tasks:
+                t.cancel()
+        prog.cancel()
+        for p in self.plan:
+            if p.id not in self.rows:
+                emitted = self.emitted_at.get(p.id, 0.0)
+                self._record(p.id, failed_row(
+                    p, self.t0, emitted, "no record before the run ended (drain limit)"))
+        end_states = await self._dc_states()
+        sched = await self._scheduler_info()
+        end = self.clock.now()
+        finals = [
+            dc_final_from_states(start_states[n], end_states[n])
+            for n in self.dcs
+            if n in start_states and n in end_states
+        ]
+        config = {
+            **self.topo.to_dict(),
+            "policy": ",".join(sorted({r.scheduler.policy for r in self.topo.regions})),
+        }
+        rows = [self.rows[p.id] for p in self.plan]
+        summary = summarize(
+            rows,
+            [p.id for p in self.plan],
+            finals,
+            runtime="wall",
+            config=config,
+            warmup_s=self.topo.load.warmup_s,
+            dilation=self.clock.dilation,
+            scheduler=sched,
+            wall_s=time.monotonic() - wall0,
+            emulated_s=end - self.t0,
+        )
+        missing = sorted(set(self.dcs) - {f.dc for f in finals})
+        if missing:
+            summary["dcs_unreachable_at_end"] = missing
+        if self.out_dir is not None:
+            write_outputs(self.out_dir, rows, summary)
+        self.log(format_table(summary))
+        return summary
+
+
+def write_outputs(out_dir: Path, rows: list[RecordRow], summary: Mapping[str, Any]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_csv(out_dir / "records.csv", rows)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json) + "\n")
+
+
+def _json(v: Any) -> Any:
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return str(v)

@@ -1,0 +1,123 @@
+"""``geoserve run`` (processes on loopback, wall clock) and ``geoserve sim`` (virtual clock)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from services.common.errors import InvalidInput
+from services.common.topology import ROOT, Topology, load_topology
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topology", default="topologies/small.yaml",
+                   help="topology YAML, or a name in topologies/ (default: small)")
+    p.add_argument("--policy", default=None, help="scheduling policy of every region")
+    p.add_argument("--policy-config", default="",
+                   help="policy settings as k=v,k=v (e.g. alpha=0.5)")
+    p.add_argument("--rate", type=float, default=None, help="arrival rate, req/s")
+    p.add_argument("--duration", type=float, default=None, help="load duration, emulated s")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--out", default=None, help="results folder (default results/<run>)")
+
+
+def register(sub: Any) -> None:
+    run = sub.add_parser("run", help="run a topology as local processes (wall clock)",
+                         description=__doc__)
+    _add_common(run)
+    run.add_argument("--dilation", type=float, default=None, help="time dilation factor k >= 1")
+    run.set_defaults(func=cmd_run)
+    sim = sub.add_parser("sim", help="run a topology on the virtual clock (one process)")
+    _add_common(sim)
+    sim.add_argument("--no-solver-time", action="store_true",
+                     help="do not charge policy wall time to emulated time (deterministic)")
+    sim.set_defaults(func=cmd_sim)
+
+
+def _topology(args: argparse.Namespace) -> Topology:
+    from services.scheduler.__main__ import parse_kv
+
+    topo = load_topology(args.topology)
+    cfg = parse_kv(args.policy_config, "--policy-config") if args.policy_config else None
+    return topo.with_overrides(
+        policy=args.policy, policy_config=cfg, rate_rps=args.rate, duration_s=args.duration,
+        dilation=getattr(args, "dilation", None), seed=args.seed,
+    )
+
+
+def _out_dir(args: argparse.Namespace, topo: Topology, runtime: str) -> Path:
+    if args.out:
+        return Path(args.out)
+    policy = args.policy or topo.regions[0].scheduler.policy
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return ROOT / "results" / f"{topo.name}-{policy}-{runtime}-{stamp}"
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    from services.loadgen.service import write_outputs
+    from services.loadgen.summary import format_table
+    from services.sim.runtime import SimRun
+
+    topo = _topology(args)
+    out = _out_dir(args, topo, "sim")
+    t0 = time.monotonic()
+
+    def progress(t: float, emitted: int, done: int) -> None:
+        print(f"[{time.monotonic() - t0:6.1f}s wall | t={t:7.1f}s emulated] emitted {emitted} "
+              f"finished {done}", flush=True)
+
+    run = SimRun(topo, charge_solver_time=not args.no_solver_time, progress=progress)
+    summary = run.run()
+    write_outputs(out, run.records(), summary)
+    print(format_table(summary))
+    print(f"\nresults: {out}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from services.runner.local import LocalRun
+
+    topo = _topology(args)
+    if not topo.regions:
+        raise InvalidInput("topology", "no regions")
+    out = _out_dir(args, topo, "run")
+    out.mkdir(parents=True, exist_ok=True)
+    n_proc = len(topo.dcs) + len(topo.regions) + 2
+    print(f"geoserve run: {topo.name} ({len(topo.regions)} regions, {len(topo.dcs)} DCs, "
+          f"{n_proc} processes), policy {args.policy or topo.regions[0].scheduler.policy}, "
+          f"dilation {topo.dilation}; logs in {out / 'logs'}", flush=True)
+    runner = LocalRun(topo, args.topology, out, policy=args.policy,
+                      policy_config=args.policy_config, rate=args.rate,
+                      duration=args.duration, seed=args.seed)
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    rc = 1
+    try:
+        t0 = time.monotonic()
+        runner.start()
+        print(f"all services healthy after {time.monotonic() - t0:.1f} s", flush=True)
+        rc = runner.run_load()
+    except KeyboardInterrupt:
+        print("geoserve run: interrupted; stopping every service", file=sys.stderr)
+        rc = 130
+    finally:
+        runner.stop()
+        signal.signal(signal.SIGTERM, old)
+    if runner.crashed:
+        print(f"services that died during the run: {', '.join(runner.crashed)}",
+              file=sys.stderr)
+    summary_path = out / "summary.json"
+    if rc == 0 and summary_path.exists():
+        s = json.loads(summary_path.read_text())
+        s["runner"] = {"crashed": runner.crashed}
+        summary_path.write_text(json.dumps(s, indent=2) + "\n")
+        print(f"\nresults: {out}")
+    return rc

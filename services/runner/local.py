@@ -1,0 +1,201 @@
+"""Local runner: every service of a topology as its own OS process on 127.0.0.1.
+
+Start order: datacenters, provisioner, schedulers (each waited for until its gRPC health
+check says SERVING), then the load generator in the foreground. All processes share one
+epoch and dilation factor, so their emulated clocks agree. Teardown sends SIGTERM, then
+SIGKILL to whatever is left; children also get SIGTERM if the runner itself dies
+(PR_SET_PDEATHSIG), so no process outlives a run — also on Ctrl-C or a crash.
+A service that dies during the run is reported; the run goes on (its requests end FAILED).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.common.errors import Unavailable
+from services.common.topology import ROOT, Topology
+
+PR_SET_PDEATHSIG = 1
+# the runner forks service processes while its own gRPC client (health checks) is alive
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
+def _die_with_parent() -> None:  # runs in the child before exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    name: str
+    args: list[str]
+    address: str = ""
+    popen: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+    expected_exit: bool = False
+
+
+@dataclass
+class LocalRun:
+    topo: Topology
+    topology_arg: str
+    out_dir: Path
+    policy: str | None = None
+    policy_config: str = ""
+    rate: float | None = None
+    duration: float | None = None
+    seed: int | None = None
+    startup_timeout_s: float = 60.0
+    procs: dict[str, Proc] = field(default_factory=dict)
+    crashed: list[str] = field(default_factory=list)
+
+    def _spawn(self, p: Proc) -> None:
+        assert p.log is not None
+        logf = p.log.open("ab")
+        p.popen = subprocess.Popen(
+            [sys.executable, "-m", *p.args],
+            cwd=ROOT,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        logf.close()
+
+    def _wait_healthy(self, p: Proc) -> None:
+        import asyncio
+
+        from services.common.grpcutil import wait_healthy
+
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            assert p.popen is not None
+            if p.popen.poll() is not None:
+                tail = p.log.read_text()[-2000:] if p.log and p.log.exists() else ""
+                raise Unavailable(f"{p.name} exited during start-up:\n{tail}")
+            try:
+                asyncio.run(wait_healthy(p.address, timeout_s=1.0))
+                return
+            except TimeoutError:
+                continue
+        raise Unavailable(f"{p.name} not healthy after {self.startup_timeout_s}s")
+
+    def start(self) -> None:
+        topo = self.topo
+        logs = self.out_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        epoch = f"{time.time():.6f}"
+        common = ["--topology", self.topology_arg, "--epoch", epoch,
+                  "--dilation", str(topo.dilation)]
+        dcs = {d.name: f"127.0.0.1:{free_port()}" for d in topo.dcs}
+        scheds = {r.name: f"127.0.0.1:{free_port()}" for r in topo.regions}
+        prov = f"127.0.0.1:{free_port()}"
+        self.dc_addrs, self.sched_addrs = dcs, scheds
+        self.common = common
+        for name, addr in dcs.items():
+            self.procs[f"dc/{name}"] = Proc(f"dc/{name}", ["services.datacenter", *common,
+                                            "--dc", name, "--address", addr], addr)
+        dc_list = ",".join(f"{n}={a}" for n, a in dcs.items())
+        self.procs["provisioner"] = Proc("provisioner", ["services.provisioner", *common,
+                                         "--dcs", dc_list, "--address", prov], prov)
+        for r in topo.regions:
+            local = ",".join(f"{d.name}={dcs[d.name]}" for d in r.dcs)
+            peers = ",".join(f"{n}={a}" for n, a in scheds.items() if n != r.name)
+            extra = ["--policy", self.policy] if self.policy else []
+            if self.policy_config:
+                extra += ["--policy-config", self.policy_config]
+            self.procs[f"scheduler/{r.name}"] = Proc(
+                f"scheduler/{r.name}",
+                ["services.scheduler", *common, "--region", r.name, "--dcs", local,
+                 "--peers", peers, "--provisioner", prov, "--address", scheds[r.name], *extra],
+                scheds[r.name],
+            )
+        for p in self.procs.values():
+            p.log = logs / f"{p.name.replace('/', '-')}.log"
+        order = [p for p in self.procs.values() if p.name.startswith("dc/")]
+        for p in order:
+            self._spawn(p)
+        self._wait_all(order)
+        self._spawn(self.procs["provisioner"])
+        self._wait_all([self.procs["provisioner"]])
+        sched_procs = [p for p in self.procs.values() if p.name.startswith("scheduler/")]
+        for p in sched_procs:
+            self._spawn(p)
+        self._wait_all(sched_procs)
+        self._monitor = threading.Thread(target=self._watch, daemon=True)
+        self._stop_watch = threading.Event()
+        self._monitor.start()
+
+    def _wait_all(self, procs: list[Proc]) -> None:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=8) as ex:
+            for f in [ex.submit(self._wait_healthy, p) for p in procs]:
+                f.result()
+
+    def _watch(self) -> None:
+        while not self._stop_watch.wait(0.5):
+            for p in self.procs.values():
+                if p.popen is not None and p.popen.poll() is not None and not p.expected_exit:
+                    if p.name not in self.crashed:
+                        self.crashed.append(p.name)
+                        print(f"runner: {p.name} exited with {p.popen.returncode} "
+                              f"(log: {p.log}); the run goes on", file=sys.stderr, flush=True)
+
+    def run_load(self) -> int:
+        topo = self.topo
+        args = ["services.loadgen", *self.common,
+                "--schedulers", ",".join(f"{n}={a}" for n, a in self.sched_addrs.items()),
+                "--dcs", ",".join(f"{n}={a}" for n, a in self.dc_addrs.items()),
+                "--out", str(self.out_dir)]
+        for flag, val in (("--rate", self.rate), ("--duration", self.duration),
+                          ("--seed", self.seed), ("--policy", self.policy)):
+            if val is not None:
+                args += [flag, str(val)]
+        del topo
+        proc = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                preexec_fn=_die_with_parent)
+        self.procs["loadgen"] = Proc("loadgen", args, popen=proc)
+        return proc.wait()
+
+    def stop(self) -> None:
+        if getattr(self, "_stop_watch", None) is not None:
+            self._stop_watch.set()
+        live = [p for p in self.procs.values() if p.popen is not None and p.popen.poll() is None]
+        for p in live:
+            p.expected_exit = True
+            assert p.popen is not None
+            try:
+                p.popen.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 15
+        for p in live:
+            assert p.popen is not None
+            try:
+                p.popen.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.popen.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.popen.wait()

@@ -1,0 +1,420 @@
+"""The regional scheduler gRPC service: `SchedulerCore` driven by the wall clock.
+
+* ``Submit`` (from the load generator): stamps the arrival, lets the core decide (at once
+  or at the window's close), dispatches to a local DC over a persistent SubmitStream, or
+  forwards to the target region's scheduler after RTT/2 over a persistent Forward stream.
+* ``Forward`` (from a peer): the request joins this scheduler's window and goes to its
+  target DC when the window closes; its events go back on the Forward stream.
+* Events of forwarded requests reach the origin RTT/2 after they happened at the DC; the
+  origin records first-token and completion times there, so TTFT includes the full RTT.
+* A DC or peer that is down when a request must go there: the request goes to another
+  local DC (counted as a fallback). Requests lost when a link breaks end FAILED.
+* Snapshots arrive on a Watch stream from the provisioner; without one for longer than
+  the staleness bound the core decides round-robin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+from geoserve.v1 import common_pb2 as pb
+from geoserve.v1 import datacenter_pb2 as dpb
+from geoserve.v1 import datacenter_pb2_grpc as dgrpc
+from geoserve.v1 import provisioner_pb2 as ppb
+from geoserve.v1 import provisioner_pb2_grpc as pgrpc
+from geoserve.v1 import scheduler_pb2 as spb
+from geoserve.v1 import scheduler_pb2_grpc as sgrpc
+
+from services.common.clock import WallClock
+from services.common.grpcutil import (
+    CHANNEL_OPTIONS,
+    install_signal_handlers,
+    set_not_serving,
+    start_server,
+)
+from services.common.links import StreamLink
+from services.common.state import RequestView
+from services.common.topology import Topology
+from services.scheduler.core import Dispatch, SchedulerCore
+from services.scheduler.policies.registry import get_policy
+
+log = logging.getLogger("geoserve.scheduler")
+
+Sink = Callable[[pb.RequestEvent], None]
+
+
+@dataclass
+class _Entry:
+    request: pb.Request
+    sink: Sink
+    origin: bool                 # this scheduler is the request's origin
+    via_region: str = ""         # region it was forwarded to (origin side)
+    first_token_origin_s: float = 0.0
+
+
+class SchedulerRuntime:
+    def __init__(
+        self,
+        topo: Topology,
+        region: str,
+        clock: WallClock,
+        peers: Mapping[str, str],
+        dcs: Mapping[str, str],
+        provisioner: str | None,
+    ) -> None:
+        self.topo = topo
+        self.region = region
+        self.clock = clock
+        spec = topo.region(region).scheduler
+        self.spec = spec
+        idx = [r.name for r in topo.regions].index(region)
+        policy = get_policy(
+            spec.policy,
+            clock=time.perf_counter,
+            rng=np.random.default_rng(topo.load.seed + 1000 + idx),
+            **dict(spec.policy_config),
+        )
+        self.core = SchedulerCore(region, spec, topo.dcs, policy, clock=time.perf_counter)
+        self.entries: dict[str, _Entry] = {}
+        self.provisioner = provisioner
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.snapshots = 0
+        self.dc_links = {
+            name: StreamLink(
+                f"{region}->{name}",
+                addr,
+                lambda ch, it: dgrpc.DatacenterStub(ch).SubmitStream(it),
+                self._on_dc_event,
+                self._on_broken,
+                request_id=lambda m: str(m.request.id),
+                event_done=lambda e: e.kind == pb.FINISHED,
+            )
+            for name, addr in dcs.items()
+        }
+        self.peer_links = {
+            name: StreamLink(
+                f"{region}->{name}",
+                addr,
+                lambda ch, it: sgrpc.SchedulerStub(ch).Forward(it),
+                self._on_peer_event,
+                self._on_broken,
+                event_done=lambda e: e.kind == pb.FINISHED,
+            )
+            for name, addr in peers.items()
+            if name != region
+        }
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        for link in [*self.dc_links.values(), *self.peer_links.values()]:
+            link.start()
+        self._tasks.append(asyncio.create_task(self._flusher(), name="window"))
+        if self.provisioner:
+            self._tasks.append(asyncio.create_task(self._watch(), name="snapshots"))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for link in [*self.dc_links.values(), *self.peer_links.values()]:
+            await link.stop()
+
+    async def _watch(self) -> None:
+        from services.provisioner.convert import snapshot_to_view
+
+        assert self.provisioner is not None
+        while True:
+            try:
+                async with grpc.aio.insecure_channel(self.provisioner,
+                                                     options=CHANNEL_OPTIONS) as ch:
+                    stub = pgrpc.ProvisionerStub(ch)
+                    async for snap in stub.Watch(
+                        ppb.WatchRequest(subscriber=f"scheduler/{self.region}")
+                    ):
+                        self.core.on_snapshot(snapshot_to_view(snap), self.clock.now())
+                        self.snapshots += 1
+            except grpc.aio.AioRpcError as exc:
+                log.warning("snapshot stream from %s broke: %s", self.provisioner,
+                            exc.code().name)
+            await asyncio.sleep(0.5)
+
+    async def _flusher(self) -> None:
+        while True:
+            deadline = self.core.deadline()
+            if deadline is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await self.clock.sleep_until(deadline)
+            if self.core.deadline() is not None and self.core.deadline() <= self.clock.now():
+                self._handle(self.core.flush(self.clock.now()))
+
+    # ---------------------------------------------------------------- intake
+    def submit(self, req: pb.Request, sink: Sink) -> None:
+        now = self.clock.now()
+        rid = req.id
+        if not rid or rid in self.entries:
+            sink(_finished(req, pb.REJECTED, "INVALID_ARGUMENT",
+                           "request.id: missing or already in flight", now))
+            return
+        req.timestamps.scheduler_arrival_s = now
+        if not req.origin_region:
+            req.origin_region = self.region
+        req.policy = self.core.policy.name
+        if not req.slo.ttft_s:
+            req.slo.ttft_s = self.topo.slo.ttft_s
+        if not req.slo.tpot_s:
+            req.slo.tpot_s = self.topo.slo.tpot_s
+        self.entries[rid] = _Entry(req, sink, origin=True)
+        view = RequestView(
+            id=rid,
+            model=req.model,
+            isl_tokens=req.isl_tokens,
+            osl_tokens=req.osl_tokens,
+            origin_region=self.region,
+            ttft_slo_s=req.slo.ttft_s,
+            tpot_slo_s=req.slo.tpot_s,
+            arrival_s=now,
+            dataset=req.dataset,
+        )
+        self._handle(self.core.submit(view, now))
+        self._wake.set()
+
+    def forward_in(self, req: pb.Request, sink: Sink) -> None:
+        now = self.clock.now()
+        self.entries[req.id] = _Entry(req, sink, origin=False)
+        self._handle(self.core.admit_forwarded(req.id, req.target_dc, now))
+        self._wake.set()
+
+    # ---------------------------------------------------------------- dispatch
+    def _handle(self, dispatches: list[Dispatch]) -> None:
+        for d in dispatches:
+            e = self.entries.get(d.request_id)
+            if e is None:
+                continue
+            req = e.request
+            if e.origin:
+                req.timestamps.decided_s = d.decided_s + d.decision_s / self.clock.dilation
+                req.decision_s = d.decision_s
+                req.fallback = d.fallback
+            if not d.dc:
+                self._finish_local(d.request_id, pb.REJECTED, "UNAVAILABLE",
+                                   "no datacenter can serve the request")
+                continue
+            req.target_dc = d.dc
+            req.target_region = d.region
+            if d.forward:
+                req.forwarded = True
+                e.via_region = d.region
+                asyncio.get_running_loop().create_task(self._forward(d))
+            else:
+                self._to_dc(d.request_id, d.dc)
+
+    async def _forward(self, d: Dispatch) -> None:
+        e = self.entries[d.request_id]
+        half = self.topo.rtt_s[(self.region, d.region)] / 2
+        arrive = e.request.timestamps.decided_s + half
+        await self.clock.sleep_until(arrive)
+        e.request.timestamps.forwarded_arrival_s = arrive
+        link = self.peer_links.get(d.region)
+        if link is None or not link.send(e.request):
+            dc = self.core.local_fallback("", self.clock.now())
+            log.warning("peer %s unreachable; %s falls back to %s", d.region, d.request_id,
+                        dc or "nothing")
+            e.request.forwarded = False
+            e.via_region = ""
+            e.request.fallback = True
+            if dc:
+                e.request.target_dc, e.request.target_region = dc, self.region
+                self._to_dc(d.request_id, dc)
+            else:
+                self._finish_local(d.request_id, pb.FAILED, "UNAVAILABLE",
+                                   f"peer scheduler {d.region} unreachable")
+
+    def _to_dc(self, rid: str, dc: str) -> None:
+        e = self.entries[rid]
+        link = self.dc_links.get(dc)
+        if link is not None and link.send(dpb.SubmitRequest(request=e.request)):
+            return
+        alt = self.core.local_fallback(dc, self.clock.now())
+        alt_link = self.dc_links.get(alt) if alt else None
+        if alt_link is not None and alt_link.send(dpb.SubmitRequest(request=e.request)):
+            log.warning("DC %s unreachable; %s falls back to %s", dc, rid, alt)
+            e.request.fallback = True
+            e.request.target_dc = alt
+            return
+        self._finish_local(rid, pb.FAILED, "UNAVAILABLE", f"datacenter {dc} unreachable")
+
+    # ---------------------------------------------------------------- events
+    def _on_dc_event(self, ev: pb.RequestEvent) -> None:
+        e = self.entries.get(ev.request_id)
+        if e is None or ev.kind == pb.ACCEPTED:
+            return
+        if e.origin:
+            self._deliver_origin(e, ev, back_s=0.0)
+        else:
+            if ev.kind == pb.FINISHED:
+                del self.entries[ev.request_id]
+            e.sink(ev)
+
+    def _on_peer_event(self, ev: pb.RequestEvent) -> None:
+        e = self.entries.get(ev.request_id)
+        if e is None or ev.kind == pb.ACCEPTED:
+            return
+        back = self.topo.rtt_s[(self.region, e.via_region)] / 2 if e.via_region else 0.0
+        asyncio.get_running_loop().create_task(self._deliver_later(e, ev, back))
+
+    async def _deliver_later(self, e: _Entry, ev: pb.RequestEvent, back_s: float) -> None:
+        await self.clock.sleep_until(ev.time_s + back_s)
+        self._deliver_origin(e, ev, back_s)
+
+    def _deliver_origin(self, e: _Entry, ev: pb.RequestEvent, back_s: float) -> None:
+        t = ev.time_s + back_s
+        if ev.kind == pb.FIRST_TOKEN:
+            e.first_token_origin_s = t
+            e.sink(pb.RequestEvent(kind=pb.FIRST_TOKEN, request_id=ev.request_id, time_s=t,
+                                   dc=ev.dc))
+            return
+        rec = ev.record
+        _merge_origin(rec.request, e.request)
+        ts = rec.request.timestamps
+        if rec.state == pb.COMPLETED:
+            ts.first_token_origin_s = e.first_token_origin_s or (ts.first_token_s + back_s)
+            ts.completed_origin_s = t
+            rec.ttft_s = ts.first_token_origin_s - ts.scheduler_arrival_s
+            rec.e2e_s = ts.completed_origin_s - ts.scheduler_arrival_s
+        self.entries.pop(ev.request_id, None)
+        e.sink(pb.RequestEvent(kind=pb.FINISHED, request_id=ev.request_id, time_s=t,
+                               record=rec, dc=ev.dc))
+
+    def _on_broken(self, rids: list[str], reason: str) -> None:
+        for rid in rids:
+            e = self.entries.get(rid)
+            if e is None:
+                continue
+            where = e.request.target_dc if not e.via_region else f"scheduler {e.via_region}"
+            self._finish_local(rid, pb.FAILED, "UNAVAILABLE",
+                               f"lost when the link to {where} broke ({reason})")
+
+    def _finish_local(self, rid: str, state: int, code: str, reason: str) -> None:
+        e = self.entries.pop(rid, None)
+        if e is None:
+            return
+        e.sink(_finished(e.request, state, code, reason, self.clock.now()))
+
+    def info(self) -> spb.SchedulerInfo:
+        st = self.core.stats
+        return spb.SchedulerInfo(
+            region=self.region,
+            policy=self.core.policy.name,
+            snapshot_age_s=min(self.core.snapshot_age(self.clock.now()), 1e9),
+            decisions=st.decisions,
+            forwarded=st.forwarded,
+            fallbacks=st.fallbacks,
+        )
+
+
+def _merge_origin(dst: pb.Request, src: pb.Request) -> None:
+    """Copy the origin-side fields of `src` into the record's request `dst`."""
+    dts, sts = dst.timestamps, src.timestamps
+    dts.emitted_s = sts.emitted_s
+    dts.scheduler_arrival_s = sts.scheduler_arrival_s
+    dts.decided_s = sts.decided_s
+    if sts.forwarded_arrival_s:
+        dts.forwarded_arrival_s = sts.forwarded_arrival_s
+    dst.origin_region = src.origin_region
+    dst.policy = src.policy
+    dst.forwarded = src.forwarded
+    dst.fallback = src.fallback
+    dst.decision_s = src.decision_s
+    dst.target_dc = src.target_dc
+    dst.target_region = src.target_region
+
+
+def _finished(req: pb.Request, state: int, code: str, reason: str, now: float) -> pb.RequestEvent:
+    rec = pb.RequestRecord(state=state, reason=reason, status_code=code,  # type: ignore[arg-type]
+                           dc=req.target_dc)
+    rec.request.CopyFrom(req)
+    return pb.RequestEvent(kind=pb.FINISHED, request_id=req.id, time_s=now, record=rec)
+
+
+class SchedulerService(sgrpc.SchedulerServicer):
+    def __init__(self, rt: SchedulerRuntime) -> None:
+        self.rt = rt
+
+    async def _pump(
+        self,
+        request_iterator: AsyncIterator[pb.Request],
+        intake: Callable[[pb.Request, Sink], None],
+    ) -> AsyncIterator[pb.RequestEvent]:
+        out: asyncio.Queue[pb.RequestEvent | None] = asyncio.Queue()
+        pending: set[str] = set()
+        done_reading = False
+
+        def sink(ev: pb.RequestEvent) -> None:
+            out.put_nowait(ev)
+
+        async def reader() -> None:
+            nonlocal done_reading
+            async for req in request_iterator:
+                pending.add(req.id)
+                intake(req, sink)
+            done_reading = True
+            out.put_nowait(None)
+
+        task = asyncio.create_task(reader())
+        try:
+            while True:
+                ev = await out.get()
+                if ev is not None:
+                    if ev.kind == pb.FINISHED:
+                        pending.discard(ev.request_id)
+                    yield ev
+                if done_reading and not pending and out.empty():
+                    break
+        finally:
+            task.cancel()
+
+    async def Submit(  # noqa: N802
+        self, request_iterator: AsyncIterator[pb.Request], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.RequestEvent]:
+        async for ev in self._pump(request_iterator, self.rt.submit):
+            yield ev
+
+    async def Forward(  # noqa: N802
+        self, request_iterator: AsyncIterator[pb.Request], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.RequestEvent]:
+        async for ev in self._pump(request_iterator, self.rt.forward_in):
+            yield ev
+
+    async def Info(  # noqa: N802
+        self, request: spb.SchedulerInfoRequest, context: grpc.aio.ServicerContext
+    ) -> spb.SchedulerInfo:
+        return self.rt.info()
+
+
+async def serve(rt: SchedulerRuntime, address: str) -> None:
+    rt.start()
+    server, health_servicer, port = await start_server(
+        [(sgrpc.add_SchedulerServicer_to_server, SchedulerService(rt))],
+        [spb.DESCRIPTOR.services_by_name["Scheduler"].full_name],
+        address,
+    )
+    log.info("scheduler %s (%s) serving on port %d", rt.region, rt.core.policy.name, port)
+    stopping = asyncio.Event()
+
+    async def on_stop() -> None:
+        await set_not_serving(health_servicer)
+        await server.stop(1.0)
+        stopping.set()
+
+    install_signal_handlers(on_stop)
+    await stopping.wait()
+    await rt.stop()
