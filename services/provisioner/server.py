@@ -32,14 +32,15 @@ log = logging.getLogger("geoserve.provisioner")
 _Mailbox = asyncio.Queue[pb.Snapshot | None]
 
 
-def client_channel_options(period_wall_s: float) -> list[tuple[str, int]]:
+def client_channel_options(period_wall_s: float, timeout_wall_s: float) -> list[tuple[str, int]]:
     """Channel options for DC channels: reconnect within about a poll period after a DC
-    restarts (the default backoff grows to minutes)."""
+    restarts (the default backoff grows to minutes); a connection attempt may take as long
+    as a poll's deadline (gRPC's minimum connect timeout)."""
     max_ms = int(min(max(period_wall_s * 1000.0, 200.0), 2000.0))
     return [
         ("grpc.max_receive_message_length", 64 * 1024 * 1024),
         ("grpc.initial_reconnect_backoff_ms", min(100, max_ms)),
-        ("grpc.min_reconnect_backoff_ms", min(100, max_ms)),
+        ("grpc.min_reconnect_backoff_ms", max(int(timeout_wall_s * 1000.0), 1)),
         ("grpc.max_reconnect_backoff_ms", max_ms),
     ]
 
@@ -69,7 +70,8 @@ class WallProvisioner:
         )
         if not self.poll_timeout_s > 0:
             raise InvalidInput("poll_timeout_s", f"must be > 0, got {self.poll_timeout_s}")
-        opts = client_channel_options(clock.wall_delay(core.period_s))
+        opts = client_channel_options(clock.wall_delay(core.period_s),
+                                      clock.wall_delay(self.poll_timeout_s))
         self._channels = {dc: grpc.aio.insecure_channel(a, options=opts)
                           for dc, a in dc_addresses.items()}
         self._stubs = {dc: dgrpc.DatacenterStub(ch) for dc, ch in self._channels.items()}
