@@ -1,0 +1,518 @@
+"""Exact MILP formulations of CA-RM (paper 2 §4, Problems 1-3) solved with HiGHS.
+
+Rules / theory of operation
+---------------------------
+Decision variables (all built as numpy arrays, passed to ``highspy`` in one ``passModel``):
+
+* ``y[i,t,k]`` binary: sub-cluster i runs at clock level k in slot t, ``sum_k y = 1``. Latency
+  (eq. 1) and energy (eq. 11-15) of each level are constants (``problem.tables``), so
+  ``l_i(t) = sum_k L[i,t,k] y[i,t,k]`` and ``E_i(t) = sum_k E[i,t,k] y[i,t,k]`` are exact.
+* ``x[j,t]`` binary, ``n[j,t]`` integer in [0, n_max_j]: the paper's slot assignment and worker
+  count. Their product ``w = n x`` (eq. 7, 8, 18) is linearised exactly (McCormick for a binary
+  times a bounded integer): ``w <= n_max x``, ``w <= n``, ``w >= n - n_max (1 - x)``, ``w >= 0``.
+  We also require ``w >= x`` (a slot assigned to a job uses at least one worker, so h_j, the last
+  assigned slot, is a slot where the job really runs). ``x = 0`` before the job's arrival (eq. 6).
+* Epochs (eq. 7): ``sum_t e_j w[j,t] >= M_j`` with e_j = epochs per worker-slot (eq. 4); and
+  ``<= M_j + e_j`` so no plan runs a job more than one worker-slot past its requirement.
+* Workers (eq. 8): ``sum_j w[j,t] <= N``.
+* Energy balance (eq. 22-25): ``demand(t) = us(t) + uw(t) + g(t)`` with ``us <= r_pv``,
+  ``uw <= r_w``, ``g >= 0`` (curtailment allowed); energies in kWh inside the model.
+  The split of each source among consumers (``ir_i``, ``tr``) does not change any objective,
+  so only the totals are variables; evaluation charges consumers pro rata.
+* Carbon (eq. 19-21, 30): ``C = 1000 * sum_t (theta_pv us + theta_w uw + theta_grid(t) g)`` grams.
+
+Formulations:
+
+* ``carbon`` (Problem 1): min ``F_inf + F_tr`` s.t. ``C <= B``; ``F_inf`` is linear in y;
+  ``F_tr = sum_j omega_j d_j``, ``d_j = max(h_j - deadline_j, 0)`` counted as the number of
+  slots after the deadline up to the last one the job runs in: ``z[j,t] >= x[j,t]``,
+  ``z[j,t] >= z[j,t+1]`` (t > deadline_j, z in [0, 1]), ``d_j = sum_t z[j,t]`` -- exact at the
+  optimum since the objective pushes z down (a tighter relaxation than ``h_j >= t x[j,t]``).
+  A tie-break term ``1e-3 * C / B`` returns the lowest-carbon plan among equally good ones.
+* ``performance`` (Problem 2): min ``C`` s.t. ``l_i(t) <= l_hat_i`` (levels above the bound are
+  fixed to 0) and ``h_j <= deadline_j`` (x fixed to 0 after the deadline).
+* ``ppc`` (Problem 3): max ``Perf / C`` where ``Perf = w_inf * sum(1/l) / sum(max 1/l) +
+  w_tr * mean_j(epochs_j / M_j)``. The paper's objective (a sum over (i, t) of per-slot ratios)
+  is a sum-of-ratios; we maximise the aggregate ratio instead, exactly, by Dinkelbach's method:
+  q <- Perf(z)/C(z); z <- argmax Perf - q C (a MILP) until max(Perf - q C) <= tol.
+* ``energycost`` (baseline, ref. [21]): min ``sum_t price(t) g(t)`` with clocks fixed at max,
+  idle inference nodes switched off (``active`` worker counts), hard deadlines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import highspy
+import numpy as np
+import numpy.typing as npt
+
+from services.carm.models import FloatArray, IntArray
+from services.carm.problem import Instance, Plan, SolveInfo, Tables, tables
+from services.common.errors import InvalidInput
+
+KWH_J = 3.6e6
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class MilpOptions:
+    """Solver settings: per-MILP time limit and relative MIP gap (0 = prove optimality)."""
+
+    time_limit_s: float = 120.0
+    mip_rel_gap: float = 1e-4
+    dinkelbach_tol: float = 1e-6
+    dinkelbach_max_iter: int = 20
+    threads: int = 0  # 0 = HiGHS default
+
+
+@dataclass
+class _Model:
+    """A MILP in column/row-triplet form."""
+
+    lo: list[FloatArray]
+    hi: list[FloatArray]
+    integer: list[npt.NDArray[np.bool_]]
+    n_col: int = 0
+    rows_r: list[IntArray] | None = None
+    rows_c: list[IntArray] | None = None
+    rows_v: list[FloatArray] | None = None
+    row_lo: list[FloatArray] | None = None
+    row_hi: list[FloatArray] | None = None
+    n_row: int = 0
+    last_abs_gap: float = float("nan")
+
+    @classmethod
+    def new(cls) -> _Model:
+        return cls([], [], [], 0, [], [], [], [], [], 0, float("nan"))
+
+    def add_vars(self, shape: tuple[int, ...], lo: npt.ArrayLike, hi: npt.ArrayLike,
+                 integer: bool) -> IntArray:
+        n = int(np.prod(shape)) if shape else 1
+        self.lo.append(np.broadcast_to(np.asarray(lo, dtype=np.float64), shape).ravel().copy())
+        self.hi.append(np.broadcast_to(np.asarray(hi, dtype=np.float64), shape).ravel().copy())
+        self.integer.append(np.full(n, integer))
+        idx = np.arange(self.n_col, self.n_col + n, dtype=np.int64).reshape(shape)
+        self.n_col += n
+        return idx
+
+    def add_rows(self, r: npt.ArrayLike, c: npt.ArrayLike, v: npt.ArrayLike,
+                 lo: npt.ArrayLike, hi: npt.ArrayLike) -> None:
+        """Rows numbered 0..len(lo)-1 locally; (r, c, v) are their nonzeros."""
+        lo_a = np.atleast_1d(np.asarray(lo, dtype=np.float64))
+        hi_a = np.broadcast_to(np.asarray(hi, dtype=np.float64), lo_a.shape)
+        assert self.rows_r is not None and self.rows_c is not None and self.rows_v is not None
+        assert self.row_lo is not None and self.row_hi is not None
+        r_a = np.asarray(r, dtype=np.int64).ravel()
+        self.rows_r.append(r_a + self.n_row)
+        self.rows_c.append(np.asarray(c, dtype=np.int64).ravel())
+        self.rows_v.append(np.broadcast_to(np.asarray(v, dtype=np.float64), r_a.shape).ravel())
+        self.row_lo.append(lo_a)
+        self.row_hi.append(hi_a.copy())
+        self.n_row += lo_a.size
+
+    def solve(self, cost: FloatArray, opts: MilpOptions) -> tuple[str, FloatArray, float, float,
+                                                                    float]:
+        assert self.rows_r is not None and self.rows_c is not None and self.rows_v is not None
+        assert self.row_lo is not None and self.row_hi is not None
+        lp = highspy.HighsLp()
+        lp.num_col_ = self.n_col
+        lp.num_row_ = self.n_row
+        lp.col_cost_ = np.asarray(cost, dtype=np.float64)
+        lp.col_lower_ = np.concatenate(self.lo)
+        lp.col_upper_ = np.concatenate(self.hi)
+        lp.row_lower_ = np.concatenate(self.row_lo)
+        lp.row_upper_ = np.concatenate(self.row_hi)
+        r = np.concatenate(self.rows_r)
+        c = np.concatenate(self.rows_c)
+        v = np.concatenate(self.rows_v)
+        keep = v != 0
+        r, c, v = r[keep], c[keep], v[keep]
+        order = np.lexsort((r, c))
+        r, c, v = r[order], c[order], v[order]
+        start = np.searchsorted(c, np.arange(self.n_col + 1)).astype(np.int32)
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.start_ = start
+        lp.a_matrix_.index_ = r.astype(np.int32)
+        lp.a_matrix_.value_ = v
+        integ = np.concatenate(self.integer)
+        lp.integrality_ = [
+            highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous for b in integ
+        ]
+        hs = highspy.Highs()
+        hs.setOptionValue("output_flag", False)
+        hs.setOptionValue("time_limit", float(opts.time_limit_s))
+        hs.setOptionValue("mip_rel_gap", float(opts.mip_rel_gap))
+        hs.setOptionValue("random_seed", 0)
+        if opts.threads:
+            hs.setOptionValue("threads", int(opts.threads))
+        if hs.passModel(lp) != highspy.HighsStatus.kOk:
+            return "model_error", np.zeros(0), float("nan"), float("nan"), 0.0
+        hs.run()
+        st = hs.getModelStatus()
+        info = hs.getInfo()
+        run_s = float(hs.getRunTime())
+        ms = highspy.HighsModelStatus
+        has_sol = info.primal_solution_status == 2  # kSolutionStatusFeasible
+        if st == ms.kOptimal:
+            status = "optimal"
+        elif st == ms.kInfeasible:
+            return "infeasible", np.zeros(0), float("nan"), float("nan"), run_s
+        elif st in (ms.kTimeLimit, ms.kIterationLimit, ms.kSolutionLimit, ms.kInterrupt):
+            status = "time_limit" if has_sol else "no_solution"
+        else:
+            status = str(hs.modelStatusToString(st)).lower().replace(" ", "_")
+            if not has_sol:
+                return status, np.zeros(0), float("nan"), float("nan"), run_s
+        if not has_sol:
+            return status, np.zeros(0), float("nan"), float("nan"), run_s
+        x = np.asarray(hs.getSolution().col_value, dtype=np.float64)
+        obj = float(info.objective_function_value)
+        self.last_abs_gap = abs(float(info.mip_dual_bound) - obj)
+        gap = float(info.mip_gap) if np.isfinite(info.mip_gap) else float("inf")
+        return status, x, obj, max(gap, 0.0), run_s
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Column indices of one built CA-RM model."""
+
+    y: IntArray  # (H, T, K)
+    x: IntArray  # (J, T)
+    n: IntArray  # (J, T)
+    w: IntArray  # (J, T)
+    us: IntArray  # (T,)
+    uw: IntArray  # (T,)
+    g: IntArray  # (T,)
+    hc: IntArray | None  # (J, T) column of z[j,t] after the deadline, -1 elsewhere
+    d: IntArray | None  # (J,) tardiness in slots
+
+
+def carbon_cost(inst: Instance, lay: Layout, n_col: int) -> FloatArray:
+    """Column costs whose dot product with the solution is total carbon in grams."""
+    c = np.zeros(n_col)
+    c[lay.us] = 1000.0 * inst.factors.solar_g_per_wh
+    c[lay.uw] = 1000.0 * inst.factors.wind_g_per_wh
+    c[lay.g] = 1000.0 * inst.grid_g_per_wh
+    return c
+
+
+def build(
+    inst: Instance,
+    tab: Tables,
+    y_allowed: BoolArray,
+    x_allowed: BoolArray,
+    *,
+    tardiness: bool = False,
+    carbon_budget_g: float | None = None,
+) -> tuple[_Model, Layout]:
+    """Build the shared constraint set (see the module docstring)."""
+    h, t, k = inst.n_sub, inst.n_slots, inst.n_levels
+    nj = len(inst.jobs)
+    mdl = _Model.new()
+    y = mdl.add_vars((h, t, k), 0.0, y_allowed.astype(np.float64), True)
+    nmax = np.array([j.max_workers for j in inst.jobs], dtype=np.float64).reshape(nj, 1)
+    xa = x_allowed.astype(np.float64)
+    x = mdl.add_vars((nj, t), 0.0, xa, True)
+    n = mdl.add_vars((nj, t), 0.0, nmax * xa, True)
+    w = mdl.add_vars((nj, t), 0.0, nmax * xa, True)
+    us = mdl.add_vars((t,), 0.0, inst.solar_j / KWH_J, False)
+    uw = mdl.add_vars((t,), 0.0, inst.wind_j / KWH_J, False)
+    g = mdl.add_vars((t,), 0.0, np.inf, False)
+    hc = d = None
+    if tardiness:
+        late = np.zeros((nj, t), dtype=bool)
+        for j, jb in enumerate(inst.jobs):
+            late[j, jb.deadline_slot + 1:] = x_allowed[j, jb.deadline_slot + 1:]
+        zc = mdl.add_vars((int(late.sum()),), 0.0, 1.0, False)
+        hc = np.full((nj, t), -1, dtype=np.int64)
+        hc[late] = zc
+        d = mdl.add_vars((nj,), 0.0, np.inf, False)
+
+    # one level per (i, t)
+    ht = h * t
+    mdl.add_rows(np.repeat(np.arange(ht), k), y.ravel(), 1.0, np.ones(ht), np.ones(ht))
+    # McCormick rows for w = n x (only where the job may run)
+    jt = np.argwhere(x_allowed)
+    if jt.size:
+        m = len(jt)
+        xs, ns, ws = x[jt[:, 0], jt[:, 1]], n[jt[:, 0], jt[:, 1]], w[jt[:, 0], jt[:, 1]]
+        nm = nmax[jt[:, 0], 0]
+        rr = np.arange(m)
+        # w - nmax x <= 0
+        mdl.add_rows(np.r_[rr, rr], np.r_[ws, xs], np.r_[np.ones(m), -nm],
+                     np.full(m, -np.inf), np.zeros(m))
+        # w - n <= 0
+        mdl.add_rows(np.r_[rr, rr], np.r_[ws, ns], np.r_[np.ones(m), -np.ones(m)],
+                     np.full(m, -np.inf), np.zeros(m))
+        # w - n - nmax x >= -nmax
+        mdl.add_rows(np.r_[rr, rr, rr], np.r_[ws, ns, xs],
+                     np.r_[np.ones(m), -np.ones(m), -nm], -nm, np.full(m, np.inf))
+        # w - x >= 0
+        mdl.add_rows(np.r_[rr, rr], np.r_[ws, xs], np.r_[np.ones(m), -np.ones(m)],
+                     np.zeros(m), np.full(m, np.inf))
+    if nj:
+        # epochs: M_j <= sum_t e_j w <= M_j + e_j
+        e = tab.epochs_per_worker_slot
+        req = np.array([jb.epochs for jb in inst.jobs])
+        mdl.add_rows(np.repeat(np.arange(nj), t), w.ravel(), np.repeat(e, t), req, req + e)
+        # workers per slot
+        mdl.add_rows(np.tile(np.arange(t), nj), w.ravel(), 1.0, np.full(t, -np.inf),
+                     np.full(t, float(inst.train_nodes)))
+    # energy balance: sum_k E y + sum_j Etr w - us - uw - g = 0
+    e_inf = tab.inf_energy_j / KWH_J  # (H, T, K)
+    r_y = np.broadcast_to(np.arange(t)[None, :, None], (h, t, k)).ravel()
+    r_w = np.broadcast_to(np.arange(t)[None, :], (nj, t)).ravel()
+    e_tr = np.broadcast_to((tab.train_energy_per_worker_slot_j / KWH_J)[:, None], (nj, t))
+    mdl.add_rows(
+        np.r_[r_y, r_w, np.arange(t), np.arange(t), np.arange(t)],
+        np.r_[y.ravel(), w.ravel(), us, uw, g],
+        np.r_[e_inf.ravel(), e_tr.ravel(), -np.ones(3 * t)],
+        np.zeros(t),
+        np.zeros(t),
+    )
+    lay = Layout(y, x, n, w, us, uw, g, hc, d)
+    if carbon_budget_g is not None:
+        cc = carbon_cost(inst, lay, mdl.n_col)
+        cols = np.r_[us, uw, g]
+        mdl.add_rows(np.zeros(cols.size), cols, cc[cols], [-np.inf], [carbon_budget_g])
+    if tardiness and hc is not None and d is not None and nj:
+        # z[j,t] (t > deadline_j) = "job j still runs in slot t or later": z >= x, z_t >= z_t+1,
+        # d_j = sum_t z[j,t] = max(h_j - deadline_j, 0) at the optimum (the objective pushes z down)
+        jj, tt = np.nonzero(hc >= 0)
+        m = jj.size
+        if m:
+            rr = np.arange(m)
+            zc = hc[jj, tt]
+            mdl.add_rows(np.r_[rr, rr], np.r_[zc, x[jj, tt]], np.r_[np.ones(m), -np.ones(m)],
+                         np.zeros(m), np.full(m, np.inf))
+            nxt = (tt + 1 < t) & (hc[jj, np.minimum(tt + 1, t - 1)] >= 0)
+            zz = zc[nxt]
+            zn = hc[jj[nxt], tt[nxt] + 1]
+            q = np.arange(zz.size)
+            mdl.add_rows(np.r_[q, q], np.r_[zz, zn], np.r_[np.ones(zz.size), -np.ones(zz.size)],
+                         np.zeros(zz.size), np.full(zz.size, np.inf))
+            rr_d = np.r_[jj, np.arange(nj)]
+            mdl.add_rows(rr_d, np.r_[zc, d], np.r_[-np.ones(m), np.ones(nj)], np.zeros(nj),
+                         np.zeros(nj))
+    return mdl, lay
+
+
+def window(inst: Instance, until_deadline: bool) -> BoolArray:
+    """Slots each job may run in: arrival..T-1 (or ..deadline)."""
+    t = inst.n_slots
+    allowed = np.zeros((len(inst.jobs), t), dtype=bool)
+    for j, jb in enumerate(inst.jobs):
+        end = jb.deadline_slot + 1 if until_deadline else t
+        allowed[j, jb.arrival_slot:end] = True
+    return allowed
+
+
+def _plan_from(inst: Instance, lay: Layout, sol: FloatArray, method: str, info: SolveInfo,
+               active: IntArray | None = None) -> Plan:
+    h, t = inst.n_sub, inst.n_slots
+    lvl = np.argmax(sol[lay.y], axis=2).astype(np.int64)
+    w = np.rint(sol[lay.w]).astype(np.int64) if len(inst.jobs) else np.zeros((0, t), np.int64)
+    act = (
+        np.broadcast_to(inst.inf_workers[:, None], (h, t)).astype(np.int64).copy()
+        if active is None
+        else np.asarray(active, dtype=np.int64)
+    )
+    tl = np.full(t, inst.train_level % inst.n_levels, dtype=np.int64)
+    return Plan(method, lvl, act, w, tl, info)
+
+
+def _empty_plan(inst: Instance, method: str, info: SolveInfo) -> Plan:
+    h, t = inst.n_sub, inst.n_slots
+    return Plan(
+        method,
+        np.full((h, t), inst.n_levels - 1, dtype=np.int64),
+        np.broadcast_to(inst.inf_workers[:, None], (h, t)).astype(np.int64).copy(),
+        np.zeros((len(inst.jobs), t), dtype=np.int64),
+        np.full(t, inst.train_level % inst.n_levels, dtype=np.int64),
+        info,
+    )
+
+
+def _check_epochs_fit(inst: Instance, tab: Tables, allowed: BoolArray) -> str | None:
+    """A cheap necessary condition: each job alone can reach its epochs in its window."""
+    for j, jb in enumerate(inst.jobs):
+        cap = allowed[j].sum() * min(jb.max_workers, inst.train_nodes)
+        if cap * tab.epochs_per_worker_slot[j] < jb.epochs * (1 - 1e-12):
+            return f"job {jb.job_id} cannot reach {jb.epochs} epochs in its window"
+    return None
+
+
+def solve_performance(inst: Instance, opts: MilpOptions | None = None) -> Plan:
+    """Problem 2: minimise carbon under latency bounds and training deadlines."""
+    opts = opts or MilpOptions()
+    tab = tables(inst)
+    y_ok = tab.latency_s <= inst.latency_bounds_s()[:, None, None] * (1 + 1e-12)
+    x_ok = window(inst, until_deadline=True)
+    bad = np.argwhere(~y_ok.any(axis=2))
+    if bad.size:
+        i, t = bad[0]
+        why = f"sub-cluster {i} ({inst.inf_profiles[i].model}) cannot meet its latency bound " \
+              f"in slot {t} at any clock"
+        return _empty_plan(inst, "performance", SolveInfo("infeasible", np.nan, np.nan, 0.0,
+                                                          0, why))
+    why_e = _check_epochs_fit(inst, tab, x_ok)
+    if why_e:
+        return _empty_plan(inst, "performance", SolveInfo("infeasible", np.nan, np.nan, 0.0, 0,
+                                                          why_e))
+    mdl, lay = build(inst, tab, y_ok, x_ok)
+    cost = carbon_cost(inst, lay, mdl.n_col)
+    st, sol, obj, gap, run_s = mdl.solve(cost, opts)
+    info = SolveInfo(st, obj, gap, run_s)
+    if sol.size == 0:
+        return _empty_plan(inst, "performance", info)
+    return _plan_from(inst, lay, sol, "performance", info)
+
+
+def min_carbon_g(inst: Instance, opts: MilpOptions | None = None) -> float:
+    """Least carbon any plan can emit (all epochs done, no SLA constraint): a MILP."""
+    opts = opts or MilpOptions()
+    tab = tables(inst)
+    mdl, lay = build(inst, tab, np.ones_like(tab.latency_s, dtype=bool),
+                     window(inst, until_deadline=False))
+    st, sol, obj, gap, run_s = mdl.solve(carbon_cost(inst, lay, mdl.n_col), opts)
+    if sol.size == 0:
+        raise InvalidInput("jobs", f"no plan completes every job within the horizon ({st})")
+    return obj
+
+
+def solve_carbon(inst: Instance, carbon_budget_g: float, opts: MilpOptions | None = None) -> Plan:
+    """Problem 1: minimise latency and tardiness penalties under a carbon budget."""
+    if not np.isfinite(carbon_budget_g) or carbon_budget_g <= 0:
+        raise InvalidInput("carbon_budget_g", f"expected a positive number, got {carbon_budget_g}")
+    opts = opts or MilpOptions()
+    tab = tables(inst)
+    y_ok = np.ones_like(tab.latency_s, dtype=bool)
+    x_ok = window(inst, until_deadline=False)
+    why_e = _check_epochs_fit(inst, tab, x_ok)
+    if why_e:
+        return _empty_plan(inst, "carbon", SolveInfo("infeasible", np.nan, np.nan, 0.0, 0, why_e))
+    mdl, lay = build(inst, tab, y_ok, x_ok, tardiness=True, carbon_budget_g=carbon_budget_g)
+    cost = np.zeros(mdl.n_col)
+    bounds = inst.latency_bounds_s()
+    excess = np.maximum(tab.latency_s - bounds[:, None, None], 0.0)
+    cost[lay.y] = inst.inference_weights()[:, None, None] * excess
+    assert lay.d is not None
+    cost[lay.d] = np.array([jb.priority for jb in inst.jobs])
+    cost += 1e-3 * carbon_cost(inst, lay, mdl.n_col) / carbon_budget_g
+    st, sol, obj, gap, run_s = mdl.solve(cost, opts)
+    note = "" if st != "infeasible" else f"carbon budget {carbon_budget_g:.0f} g is too small"
+    info = SolveInfo(st, obj, gap, run_s, 1, note)
+    if sol.size == 0:
+        return _empty_plan(inst, "carbon", info)
+    return _plan_from(inst, lay, sol, "carbon", info)
+
+
+def solve_ppc(inst: Instance, w_inf: float = 0.5, opts: MilpOptions | None = None) -> Plan:
+    """Problem 3: maximise performance per carbon by Dinkelbach's method."""
+    if not 0.0 <= w_inf <= 1.0:
+        raise InvalidInput("w_inf", f"expected 0..1, got {w_inf}")
+    opts = opts or MilpOptions()
+    tab = tables(inst)
+    y_ok = np.ones_like(tab.latency_s, dtype=bool)
+    x_ok = window(inst, until_deadline=False)
+    why_e = _check_epochs_fit(inst, tab, x_ok)
+    if why_e:
+        return _empty_plan(inst, "ppc", SolveInfo("infeasible", np.nan, np.nan, 0.0, 0, why_e))
+    mdl, lay = build(inst, tab, y_ok, x_ok)
+    inv = 1.0 / tab.latency_s
+    perf = np.zeros(mdl.n_col)
+    perf[lay.y] = w_inf * inv / inv.max(axis=2).sum()
+    nj = len(inst.jobs)
+    if nj:
+        req = np.array([jb.epochs for jb in inst.jobs])
+        perf[lay.w] = (1.0 - w_inf) * (tab.epochs_per_worker_slot / req / nj)[:, None]
+        # tie-break (1e-7 per worker-slot past the deadline): among plans of equal PPC, finish
+        # jobs on time; too small to trade against any real change of the ratio
+        late = np.maximum(np.arange(inst.n_slots)[None, :]
+                          - np.array([jb.deadline_slot for jb in inst.jobs])[:, None], 0)
+        perf[lay.w] -= 1e-7 * (late > 0)
+    carb = carbon_cost(inst, lay, mdl.n_col)
+    # scale carbon to O(1): everything at the top clock, all from the grid
+    c_ref = float(
+        1000 * inst.grid_g_per_wh.mean()
+        * (tab.inf_energy_j[:, :, -1].sum() + inst.train_nodes * inst.n_slots
+           * (tab.train_energy_per_worker_slot_j.max() if nj else 0.0)) / KWH_J
+    ) or 1.0
+    carb_s = carb / c_ref
+    q = 0.0
+    total_s = 0.0
+    sol = np.zeros(0)
+    st, gap, resid = "no_solution", float("nan"), float("nan")
+    it = 0
+    while it < opts.dinkelbach_max_iter:
+        it += 1
+        st, s_new, obj, gap, run_s = mdl.solve(-(perf - q * carb_s), opts)
+        total_s += run_s
+        if s_new.size == 0:
+            break
+        sol = s_new
+        num, den = float(perf @ sol), float(carb_s @ sol)
+        resid = num - q * den  # = max_z Perf - q C (up to the MIP gap)
+        if den <= 0:
+            raise InvalidInput("supply", "zero carbon: the PPC ratio is unbounded")
+        if resid <= opts.dinkelbach_tol * max(1.0, abs(num)):
+            break
+        q = num / den
+    if sol.size == 0:
+        return _empty_plan(inst, "ppc", SolveInfo(st, np.nan, np.nan, total_s, it))
+    num = float(perf @ sol)
+    ratio = num / float(carb_s @ sol)
+    # relative gap of the ratio: the last MILP's absolute gap on Perf - qC, over Perf
+    gap = mdl.last_abs_gap / max(num, 1e-12)
+    info = SolveInfo(st, ratio, gap, total_s, it, f"Dinkelbach residual {resid:.2e}")
+    return _plan_from(inst, lay, sol, "ppc", info)
+
+
+def drs_active_workers(inst: Instance, level: int, target_util: float = 0.9) -> IntArray:
+    """Dynamic right sizing: fewest workers per (i, t) meeting the bound below ``target_util``."""
+    from services.carm.models import latency_s, service_rate_rps
+
+    h, t = inst.n_sub, inst.n_slots
+    out = np.empty((h, t), dtype=np.int64)
+    f = inst.levels_mhz[level]
+    for i, prof in enumerate(inst.inf_profiles):
+        mu = float(service_rate_rps(prof, f))
+        for s in range(t):
+            lam = inst.rate_rps[i, s]
+            m_all = int(inst.inf_workers[i])
+            chosen = m_all
+            for m in range(1, m_all + 1):
+                if lam <= target_util * m * mu and float(
+                    latency_s(prof, f, lam, m, inst.slot_s)
+                ) <= prof.latency_bound_s:
+                    chosen = m
+                    break
+            out[i, s] = chosen
+    return out
+
+
+def solve_energycost(inst: Instance, opts: MilpOptions | None = None) -> Plan:
+    """EnergyCost baseline [21]: min grid cost, clocks at max, idle inference nodes off (DRS)."""
+    opts = opts or MilpOptions()
+    top = inst.n_levels - 1
+    active = drs_active_workers(inst, top)
+    tab = tables(inst, active)
+    y_ok = np.zeros_like(tab.latency_s, dtype=bool)
+    y_ok[:, :, top] = True
+    x_ok = window(inst, until_deadline=True)
+    why_e = _check_epochs_fit(inst, tab, x_ok)
+    if why_e:
+        return _empty_plan(inst, "energycost",
+                           SolveInfo("infeasible", np.nan, np.nan, 0.0, 0, why_e))
+    mdl, lay = build(inst, tab, y_ok, x_ok)
+    cost = np.zeros(mdl.n_col)
+    cost[lay.g] = inst.price_usd_per_kwh
+    # tie-break: among equal-cost plans use less energy (1e-6 USD per kWh of any source)
+    cost[lay.us] += 1e-6
+    cost[lay.uw] += 1e-6
+    st, sol, obj, gap, run_s = mdl.solve(cost, opts)
+    info = SolveInfo(st, obj, gap, run_s, 1, "price: time-of-use tariff, renewables free")
+    if sol.size == 0:
+        return _empty_plan(inst, "energycost", info)
+    return _plan_from(inst, lay, sol, "energycost", info, active)
