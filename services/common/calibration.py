@@ -270,8 +270,8 @@ def parse_calibration(data: Any, path: str, setup: str = "") -> Calibration:
     )
 
 
-def load_calibration_file(path: str | Path) -> Calibration:
-    """Load and validate one calibration file."""
+def load_calibration_file(path: str | Path, root: Path | None = None) -> Calibration:
+    """Load and validate one calibration file (setup name relative to `root`)."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -283,7 +283,7 @@ def load_calibration_file(path: str | Path) -> Calibration:
         raise ConfigError(str(p), "", f"not valid YAML: {exc}") from exc
     setup = ""
     try:
-        setup = str(p.resolve().relative_to(CALIBRATION_DIR).with_suffix(""))
+        setup = str(p.resolve().relative_to((root or CALIBRATION_DIR).resolve()).with_suffix(""))
     except ValueError:
         setup = p.stem
     return parse_calibration(data, str(p), setup)
@@ -299,7 +299,7 @@ def load_calibration(setup: str, root: Path | None = None) -> Calibration:
     if not p.exists():
         known = ", ".join(list_setups(root)) or "none"
         raise ConfigError(str(p), "", f"unknown calibration setup {setup!r}; known: {known}")
-    return load_calibration_file(p)
+    return load_calibration_file(p, root)
 
 
 def list_setups(root: Path | None = None) -> list[str]:

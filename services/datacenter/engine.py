@@ -23,7 +23,8 @@ Rules of one iteration (vLLM 0.6 semantics, prefill-first scheduling):
    prompt is split over consecutive steps: chunked prefill) and stalls decode. A request's
    first token is produced at the end of the step that finishes its prompt.
 4. *Decode*: one step for the whole batch, one token per running request. Before it, each
-   request that crosses a block boundary needs one more KV block; if none is free the most
+   request whose cached context (prompt + generated tokens, the last one's KV being
+   written by this step) crosses a block boundary needs one more KV block; if none is free the most
    recently admitted request is *preempted* (vLLM's recompute mode): its blocks are freed,
    it goes back to the front of the waiting queue, and when re-admitted it re-prefills its
    prompt plus the tokens it had generated (producing its next token, not a new first one).
@@ -265,12 +266,19 @@ class Engine:
         if self._phase_start:
             self._admit(now)
         pending = [r for r in self.running if r.prefill_done < r.prefill_target]
+        work: _StepWork | None
         if pending:
             work = self._plan_prefill(pending, now)
         else:
-            self._phase_start = True
             if not self.running:
+                if self.waiting and not self._phase_start:
+                    # the prefill step just retired every running request: a new
+                    # iteration starts now and may admit the waiting ones
+                    self._phase_start = True
+                    return self.next_step(now)
+                self._phase_start = True
                 return None
+            self._phase_start = True
             work = self._plan_decode(now)
             if work is None:
                 return self.next_step(now) if self.running or self.waiting else None
@@ -293,7 +301,8 @@ class Engine:
         if plan.kind == PREFILL:
             self.prefill_steps += 1
             self._prefill_intervals.append((plan.start_s, now))
-            while self._prefill_intervals[0][1] <= now - self.config.duty_window_s:
+            q = self._prefill_intervals
+            while q and q[0][1] <= now - self.config.duty_window_s:
                 self._prefill_intervals.popleft()
             total = max(plan.n_tokens, 1)
             for req, chunk in work.chunks:
@@ -389,7 +398,8 @@ class Engine:
         i = 0
         while i < len(self.running):
             req = self.running[i]
-            need = self._blocks_for(req.context_tokens + 1) - req.blocks
+            # the step writes the KV of the last generated token: context_tokens in all
+            need = self._blocks_for(req.context_tokens) - req.blocks
             if need <= 0:
                 i += 1
                 continue
@@ -452,6 +462,15 @@ class Engine:
         if self._idle_since is not None:
             self.energy.idle_j += max(0.0, now - self._idle_since) * self.perf.idle_w
             self._idle_since = None
+
+    def active_energy_j(self, now: float) -> float:
+        """Step energy so far, the elapsed fraction of a step in flight included."""
+        work = self._work
+        if work is None or now <= work.plan.start_s:
+            return self.energy.active_j
+        frac = min((now - work.plan.start_s) / work.plan.duration_s, 1.0) if (
+            work.plan.duration_s > 0) else 1.0
+        return self.energy.active_j + work.plan.energy_j * frac
 
     def idle_energy_j(self, now: float) -> float:
         """Idle energy so far, the current idle period up to `now` included."""

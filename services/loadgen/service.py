@@ -249,7 +249,7 @@ class LoadGenerator:
     async def run(self) -> dict[str, Any]:
         wall0 = time.monotonic()
         start_states = await self._dc_states()
-        self.t0 = self.clock.now() + 0.2
+        self.t0 = self.clock.now()  # energy and carbon are counted from here
         by_region: dict[str, list[PlannedRequest]] = {r: [] for r in self.schedulers}
         for p in self.plan:
             if p.origin_region not in by_region:

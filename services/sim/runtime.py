@@ -305,11 +305,11 @@ class SimRun:
             if self.progress:
                 self.progress(t, len(self.emitted), len(self.emitted) - self.in_flight)
         # drain: run until everything emitted has finished, in chunks
-        while self.in_flight > 0 and self.clock.now < horizon:
+        while self.in_flight > 0:
             nxt = self.clock.peek()
-            if nxt is None:
+            if nxt is None or nxt > horizon:
                 break
-            self.clock.run(until=min(self.clock.now + 5.0, horizon))
+            self.clock.run(until=nxt)  # event by event: the run ends at the last completion
         end = self.clock.now
         if self.in_flight > 0:
             for rid in self.emitted:

@@ -232,12 +232,6 @@ def test_custom_root_lists_and_loads(tmp_path) -> None:
     assert cal.model == "tiny-model" and cal.path == str(tmp_path / "gpu-x/tiny-model-tp1.yaml")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="load_calibration_file derives the setup name relative to the shipped "
-    "CALIBRATION_DIR only; under another root it falls back to the file stem "
-    "('tiny-model-tp1'), dropping the <gpu>/ part of the documented setup name",
-)
 def test_custom_root_setup_name_is_path_below_root(tmp_path) -> None:
     (tmp_path / "gpu-x").mkdir()
     write(tmp_path / "gpu-x", tiny_cal_dict(), "tiny-model-tp1.yaml")

@@ -293,7 +293,7 @@ def test_renewable_supply_reduces_grid_energy_and_carbon(llama_cal) -> None:
     assert green.facility_j == pytest.approx(base.facility_j)       # same load, same energy
     assert green.energy.grid_j + green.energy.renewable_j == pytest.approx(green.facility_j)
     # supply < demand throughout: the supply is used, never more than it delivers
-    # (exactly supply * t is the xfail test below: step energy is booked at completion)
+    # (exactly supply * t: see the accrual-frequency test below)
     assert 0.99 * supply_w * t <= green.energy.renewable_j <= supply_w * t * (1 + 1e-12)
     assert green.energy.grid_j == pytest.approx(base.energy.grid_j - green.energy.renewable_j)
     # renewable energy is charged at renewable_ci_g_per_kwh = 0
@@ -302,12 +302,6 @@ def test_renewable_supply_reduces_grid_energy_and_carbon(llama_cal) -> None:
     assert green.effective_ci(t) < base.effective_ci(t) == 500.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Datacenter.accrue books a step's GPU energy only when the step completes, so "
-    "an accrual during a step sees host power only and caps the renewable share of that "
-    "interval at it: renewable energy (and carbon) depend on how often accrue is called",
-)
 def test_renewable_share_does_not_depend_on_accrual_frequency(llama_cal) -> None:
     supply_w = 500.0
 

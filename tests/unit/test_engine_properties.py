@@ -186,7 +186,7 @@ def check_run(cal: Calibration, eng: Engine, arrivals, rec) -> None:
 def test_tiny_engine_random_streams(tiny_cal, data) -> None:
     arrivals = data.draw(streams(tiny_cal.engine.max_model_len, 16, 0.03, 63, 63))
     eng = Engine(tiny_cal, "tiny", EngineConfig(max_queue=len(arrivals) + 1, watermark_ratio=0))
-    rec = run_engine(eng, arrivals, strict=False)
+    rec = run_engine(eng, arrivals)
     check_run(tiny_cal, eng, arrivals, rec)
 
 
@@ -196,7 +196,7 @@ def test_tiny_engine_random_streams_with_watermark(tiny_cal, data, watermark) ->
     arrivals = data.draw(streams(tiny_cal.engine.max_model_len, 10, 0.02, 63, 63))
     cfg = EngineConfig(max_queue=len(arrivals) + 1, watermark_ratio=watermark)
     eng = Engine(tiny_cal, "tiny", cfg, start_s=0.0)
-    rec = run_engine(eng, arrivals, strict=False)
+    rec = run_engine(eng, arrivals)
     check_run(tiny_cal, eng, arrivals, rec)
 
 
@@ -205,7 +205,7 @@ def test_tiny_engine_random_streams_with_watermark(tiny_cal, data, watermark) ->
 def test_shipped_engine_random_streams(llama_cal, data) -> None:
     arrivals = data.draw(streams(llama_cal.engine.max_model_len, 60, 0.01, 4096, 96))
     eng = Engine(llama_cal, "llama", EngineConfig(max_queue=len(arrivals) + 1))
-    rec = run_engine(eng, arrivals, strict=False)
+    rec = run_engine(eng, arrivals)
     check_run(llama_cal, eng, arrivals, rec)
     assert rec.max_running <= 40
 
@@ -216,7 +216,7 @@ def test_tiny_stream_exercises_queueing_chunking_and_preemption(tiny_cal) -> Non
     # prompts over 16 tokens (chunked prefill), 12 x ~60 tokens of KV >> 128 (preemption)
     arrivals = [(0.001 * k, 30 + (k % 3), 30) for k in range(12)]
     eng = Engine(tiny_cal, "tiny", EngineConfig(watermark_ratio=0))
-    rec = run_engine(eng, arrivals, strict=False)
+    rec = run_engine(eng, arrivals)
     check_run(tiny_cal, eng, arrivals, rec)
     assert eng.preemptions > 0
     assert rec.max_running == tiny_cal.engine.max_num_seqs

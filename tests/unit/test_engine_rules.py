@@ -456,14 +456,7 @@ def test_fail_all_returns_every_request_and_frees_kv(tiny_cal) -> None:
     assert eng.counters(1.0).kv_tokens == 0 and eng.counters(1.0).queue_tokens == 0
 
 
-# ---------------------------------------------------------------------------- bugs found
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine.next_step returns None after a prefill step retires every running "
-    "request (OSL=1) while arrived requests wait: the next iteration's admission is "
-    "skipped (_phase_start is False) and the runtime, told nothing is runnable, never "
-    "plans again - the waiting request is stranded",
-)
+# ------------------------------------------------------------ regressions of fixed bugs
 def test_waiting_request_not_stranded_after_prefill_retires_the_batch(llama_cal) -> None:
     eng = Engine(llama_cal, "strand")
     eng.enqueue(EngineRequest("a", 1000, 1, 0.0), 0.0)
@@ -477,22 +470,11 @@ def test_waiting_request_not_stranded_after_prefill_retires_the_batch(llama_cal)
     assert nxt is not None and nxt.kind == PREFILL and nxt.n_tokens == 100
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="same stranding bug seen through vdriver.replay: request '1' never completes "
-    "and replay raises KeyError while collecting results",
-)
 def test_replay_completes_request_arriving_during_osl1_prefill(llama_cal) -> None:
     res = replay(llama_cal, [ReplayItem(0.0, 1000, 1, 0), ReplayItem(0.001, 100, 5, 0)], 1)
     assert [f.output_tokens for f in res.finished] == [1, 5]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Engine.complete_step pops _prefill_intervals without checking it is empty: "
-    "with EngineConfig(duty_window_s=0) the just-appended interval is popped and "
-    "_prefill_intervals[0] raises IndexError (prefill_duty itself supports w <= 0)",
-)
 def test_zero_duty_window_does_not_crash(tiny_cal) -> None:
     eng = Engine(tiny_cal, "duty0", EngineConfig(duty_window_s=0.0))
     eng.enqueue(EngineRequest("r", 10, 2, 0.0), 0.0)
