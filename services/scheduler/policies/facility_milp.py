@@ -59,6 +59,7 @@ class FacilityMilpConfig:
     linking: bool = field(
         default=True, metadata={"help": "add the tight x[r,d] <= y_d rows (else aggregate only)"}
     )
+    presolve: bool = field(default=True, metadata={"help": "run HiGHS presolve"})
 
     def __post_init__(self) -> None:
         if not self.time_limit_s >= 0.0:
@@ -114,6 +115,7 @@ class FacilityMilpPolicy(Policy):
             mip_rel_gap=self.cfg.mip_rel_gap,
             warm_start=start,
             linking=self.cfg.linking,
+            presolve=self.cfg.presolve,
         )
         assign = res.assign if res.has_solution else np.full(len(requests), -1)
         return self.finish(
