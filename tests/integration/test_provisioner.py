@@ -274,7 +274,7 @@ def test_async_mode_staggers_polls_under_time_dilation(tmp_path):
 
 def test_unreachable_dcs_unavailable_until_the_first_round_then_down(tmp_path):
     """DCs that accept TCP but never answer: polls time out; no snapshot before that."""
-    topo = write_topology(tmp_path, 2.0, "sync")
+    topo = write_topology(tmp_path, 8.0, "sync")
     holes = []
     for _ in range(2):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -285,11 +285,12 @@ def test_unreachable_dcs_unavailable_until_the_first_round_then_down(tmp_path):
         dcs = ",".join(f"{n}=127.0.0.1:{h.getsockname()[1]}" for n, h in zip(CI, holes,
                                                                              strict=True))
         p_addr = addr()
-        args = ("--topology", str(topo), "--dcs", dcs, "--poll-timeout", "1.5")
+        # the poll deadline outlasts the start-up health wait of proc_at
+        args = ("--topology", str(topo), "--dcs", dcs, "--poll-timeout", "4")
         with proc_at("services.provisioner", p_addr, *args):
             code, _ = get_snapshot(p_addr)
             assert code == grpc.StatusCode.UNAVAILABLE
-            deadline = time.monotonic() + 6
+            deadline = time.monotonic() + 8
             while (code := get_snapshot(p_addr)[0]) != grpc.StatusCode.OK:
                 assert time.monotonic() < deadline
                 time.sleep(0.1)

@@ -155,7 +155,7 @@ def test_slot_is_skipped_while_the_previous_poll_is_in_flight():
     # b's poll is still outstanding at the next tick: only a is polled again
     assert [p.dc for p in c.due(1.0)] == ["a"]
     assert c.stats().skipped == 1
-    assert c.in_flight() == [pb_]
+    assert pb_ in c.in_flight()
 
 
 def test_late_wake_up_issues_only_the_latest_slot_per_dc():
