@@ -29,7 +29,9 @@ def wait_healthy(address: str, timeout_s: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def service(module: str, *args: str, log: Path | None = None) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def service(
+    module: str, *args: str, log: Path | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """Start `python -m module args` with a fresh loopback port; yields (process, address)."""
     port = free_port()
     address = f"127.0.0.1:{port}"

@@ -87,7 +87,7 @@ class StreamLink:
                 except asyncio.CancelledError:
                     self.up = False
                     raise
-                except (grpc.aio.AioRpcError, TimeoutError, asyncio.TimeoutError) as exc:
+                except (grpc.aio.AioRpcError, TimeoutError) as exc:
                     code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else "TIMEOUT"
                     reason = f"{code}"
                 self.up = False

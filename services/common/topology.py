@@ -401,7 +401,8 @@ def parse_topology(data: Any, path: str) -> Topology:
     if load.dataset not in datasets_available():
         raise v.err("load.dataset", f"unknown dataset; known: {list(datasets_available())}")
     if load.arrivals not in arrivals_available():
-        raise v.err("load.arrivals", f"unknown arrival process; known: {list(arrivals_available())}")
+        known_arrivals = list(arrivals_available())
+        raise v.err("load.arrivals", f"unknown arrival process; known: {known_arrivals}")
     em = v.mapping(top.get("emulation", {}) or {}, "emulation")
     v.known(em, "emulation", {"dilation", "faithful_lateness_s"})
     dilation = v.num(em, "dilation", "emulation.dilation", 1.0, lo=1.0)

@@ -153,7 +153,8 @@ class SchedulerRuntime:
                 await self._wake.wait()
                 continue
             await self.clock.sleep_until(deadline)
-            if self.core.deadline() is not None and self.core.deadline() <= self.clock.now():
+            current = self.core.deadline()
+            if current is not None and current <= self.clock.now():
                 self._handle(self.core.flush(self.clock.now()))
 
     # ---------------------------------------------------------------- intake

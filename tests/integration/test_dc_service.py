@@ -26,7 +26,7 @@ def req(i: int | str, isl: int = 300, osl: int = 10, model: str = MODEL) -> pb.R
 
 
 async def stream_all(address: str, reqs: list[pb.Request], gaps_s: list[float] | None = None):
-    """Submit over SubmitStream (optionally paced); returns FINISHED records by id and all events."""
+    """Submit over SubmitStream (optionally paced); FINISHED records by id, all events."""
     events: list[pb.RequestEvent] = []
 
     async def gen():
