@@ -226,7 +226,6 @@ class Datacenter:
             raise Unavailable(f"DC {self.config.name} is draining")
         self.validate(model, req.isl_tokens, req.osl_tokens)
         idx = self.route()
-        self.accrue(now)
         self.engines[idx].enqueue(req, now)
         return idx
 

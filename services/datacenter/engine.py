@@ -316,9 +316,16 @@ class Engine:
         else:
             self.decode_steps += 1
             share = plan.energy_j / max(len(work.batch), 1)
+            fast = 0
             for req in work.batch:
                 req.energy_j += share
-                self._produce_token(req, now, events)
+                if 0 < req.generated < req.osl_tokens - 1:
+                    req.generated += 1  # common case: neither the first nor the last token
+                    req.last_token_s = now
+                    fast += 1
+                else:
+                    self._produce_token(req, now, events)
+            self._kv_tokens += fast
             self._phase_start = True
         if not self.running and not self.waiting:
             self._idle_since = now
@@ -396,13 +403,16 @@ class Engine:
     def _plan_decode(self, now: float) -> _StepWork | None:
         # Grow KV by one token per request; preempt the newest request when blocks run out.
         i = 0
-        while i < len(self.running):
-            req = self.running[i]
+        bt = self.block_tokens
+        running = self.running
+        while i < len(running):
+            req = running[i]
             # the step writes the KV of the last generated token: context_tokens in all
-            need = self._blocks_for(req.context_tokens) - req.blocks
-            if need <= 0:
+            ctx = req.isl_tokens + req.generated
+            if ctx <= req.blocks * bt:
                 i += 1
                 continue
+            need = -(-ctx // bt) - req.blocks
             if self.free_blocks >= need:
                 self.free_blocks -= need
                 req.blocks += need
