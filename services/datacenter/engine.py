@@ -79,10 +79,10 @@ class EngineRequest:
     blocks: int = 0
     admitted_s: float = math.nan
     first_token_s: float = math.nan
-    last_token_s: float = math.nan
     preemptions: int = 0
     prefilled_tokens: int = 0      # all prefill work, recomputation included
-    energy_j: float = 0.0
+    energy_j: float = 0.0          # prefill shares, plus decode shares booked on leaving
+    share_mark_j: float = 0.0      # engine's decode-share accumulator when it joined
 
     @property
     def context_tokens(self) -> int:
@@ -212,6 +212,8 @@ class Engine:
         self._waiting_tokens = 0           # prompt tokens of waiting requests
         self._kv_tokens = 0                # cached tokens of running requests
         self._prefill_intervals: deque[tuple[float, float]] = deque()
+        self._pending_prefill = 0          # running requests with prompt tokens left
+        self._decode_share_j = 0.0         # sum over decode steps of energy / batch size
 
     # ------------------------------------------------------------------ admission
     def validate(self, isl: int, osl: int) -> None:
@@ -265,7 +267,11 @@ class Engine:
         self._advance(now)
         if self._phase_start:
             self._admit(now)
-        pending = [r for r in self.running if r.prefill_done < r.prefill_target]
+        pending = (
+            [r for r in self.running if r.prefill_done < r.prefill_target]
+            if self._pending_prefill
+            else []
+        )
         work: _StepWork | None
         if pending:
             work = self._plan_prefill(pending, now)
@@ -310,18 +316,19 @@ class Engine:
                 req.prefilled_tokens += chunk
                 req.energy_j += plan.energy_j * chunk / total
                 if req.prefill_done >= req.prefill_target:
+                    self._pending_prefill -= 1
                     self._produce_token(req, now, events)
             # the iteration continues with more prefill or its decode step
             self._phase_start = False
         else:
             self.decode_steps += 1
-            share = plan.energy_j / max(len(work.batch), 1)
+            # every request in the batch gets an equal share, booked lazily (see _book_share)
+            self._decode_share_j += plan.energy_j / max(len(work.batch), 1)
             fast = 0
             for req in work.batch:
-                req.energy_j += share
-                if 0 < req.generated < req.osl_tokens - 1:
-                    req.generated += 1  # common case: neither the first nor the last token
-                    req.last_token_s = now
+                g = req.generated
+                if 0 < g < req.osl_tokens - 1:
+                    req.generated = g + 1  # common case: neither the first nor the last token
                     fast += 1
                 else:
                     self._produce_token(req, now, events)
@@ -334,12 +341,12 @@ class Engine:
     def _produce_token(self, req: EngineRequest, now: float, events: list[EngineEvent]) -> None:
         req.generated += 1
         self._kv_tokens += 1
-        req.last_token_s = now
         if math.isnan(req.first_token_s):
             req.first_token_s = now
             events.append(EngineEvent(FIRST_TOKEN, req.id, now, req.payload))
         if req.generated >= req.osl_tokens:
             self._retire(req)
+            self._book_share(req)
             fin = FinishedRequest(
                 id=req.id,
                 arrival_s=req.arrival_s,
@@ -380,6 +387,9 @@ class Engine:
             self._kv_tokens += req.context_tokens
             if math.isnan(req.admitted_s):
                 req.admitted_s = now
+            req.share_mark_j = self._decode_share_j
+            if req.prefill_done < req.prefill_target:
+                self._pending_prefill += 1
             self.running.append(req)
 
     def _plan_prefill(self, pending: list[EngineRequest], now: float) -> _StepWork:
@@ -431,7 +441,13 @@ class Engine:
         plan = StepPlan(DECODE, now, dur, energy, len(batch), len(batch), kv)
         return _StepWork(plan, batch=batch)
 
+    def _book_share(self, req: EngineRequest) -> None:
+        """Add the decode-energy shares accrued since the request joined the batch."""
+        req.energy_j += self._decode_share_j - req.share_mark_j
+        req.share_mark_j = self._decode_share_j
+
     def _preempt(self, req: EngineRequest) -> None:
+        self._book_share(req)
         self.running.remove(req)
         self.free_blocks += req.blocks
         self._kv_tokens -= req.context_tokens
@@ -447,14 +463,18 @@ class Engine:
     def fail_all(self, now: float) -> list[EngineRequest]:
         """Drop every request in the pipeline (crash/drain); returns them for recording."""
         if self._work is not None:
+            self.energy.active_j = self.active_energy_j(now)  # the elapsed part of the step
             self._work = None
         self._advance(now)
         dropped = list(self.running) + list(self.waiting)
         for req in self.running:
             self.free_blocks += req.blocks
             req.blocks = 0
+        for req in self.running:
+            self._book_share(req)
         self.running.clear()
         self.waiting.clear()
+        self._pending_prefill = 0
         self._waiting_tokens = 0
         self._kv_tokens = 0
         self._phase_start = True
