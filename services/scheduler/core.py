@@ -16,10 +16,13 @@ Theory of operation
 * A request no DC can take gets a `Dispatch` with ``dc == ""``; the runtime rejects it.
 * Decision time is measured through the injected ``clock`` (wall seconds); the virtual
   runtime charges it to emulated time.
+* OSL: the oracle length by default; with ``osl_mode: predicted`` the policy sees the
+  median of the two-layer MLP predictor (`services.scheduler.osl`) instead.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -78,6 +81,12 @@ class SchedulerCore:
         self.window_opened_s: float | None = None
         self.forward_window: list[tuple[str, str]] = []
         self.stats = SchedulerStats()
+        self._predict: Callable[[RequestView], int] | None = None
+        if spec.osl_mode == "predicted":
+            from services.scheduler.osl import OslPredictor
+
+            predictor = OslPredictor.load()
+            self._predict = lambda r: predictor.median_tokens(r.isl_tokens, r.model, r.dataset)
 
     # ---------------------------------------------------------------- snapshots
     def on_snapshot(self, snap: SnapshotView, now: float) -> None:
@@ -108,6 +117,10 @@ class SchedulerCore:
             self.window_opened_s = now
 
     def submit(self, req: RequestView, now: float) -> list[Dispatch]:
+        """A request arriving at this region; with ``osl_mode: predicted`` the policy sees
+        the OSL predictor's median instead of the oracle length."""
+        if self._predict is not None:
+            req = dataclasses.replace(req, osl_tokens=max(1, int(self._predict(req))))
         if not self.batch:
             return self._decide([req], now)
         self._open(now)
