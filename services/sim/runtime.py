@@ -138,6 +138,8 @@ class SimRun:
         self._views: dict[str, DcView] = {}
         self.polls = 0
         self.wall_s = 0.0
+        self._occ_sum = 0.0
+        self._occ_n = 0
 
     # ---------------------------------------------------------------- load
     def _emit(self, p: PlannedRequest) -> None:
@@ -263,6 +265,11 @@ class SimRun:
         for n in names:
             self._views[n] = dc_view(self.dcs[n], now)
         self.polls += len(names)
+        if self.topo.load.warmup_s <= now <= self.topo.load.duration_s:
+            for n in names:  # batch occupancy in the measured window (defines the load regime)
+                v = self._views[n]
+                self._occ_sum += v.active_batch / v.max_batch
+                self._occ_n += 1
         if broadcast:
             self.snap_seq += 1
             snap = SnapshotView(
@@ -346,7 +353,7 @@ class SimRun:
             "policy": ",".join(sorted({s.policy.name for s in self.schedulers.values()})),
             "charge_solver_time": self.charge,
         }
-        return summarize(
+        out = summarize(
             self.records(),
             self.emitted,
             finals,
@@ -358,3 +365,8 @@ class SimRun:
             wall_s=self.wall_s,
             emulated_s=end,
         )
+        out["occupancy"] = {
+            "mean_batch_ratio": self._occ_sum / self._occ_n if self._occ_n else None,
+            "samples": self._occ_n,
+        }
+        return out
