@@ -75,6 +75,9 @@ register(Method("powercap", "clock control under a cluster power budget", _power
 register(Method("carbon", "Problem 1: min SLA penalties s.t. carbon budget (MILP)", _carbon, True))
 register(Method("performance", "Problem 2: min carbon s.t. latency bounds and deadlines (MILP)",
                 lambda i, c: milp.solve_performance(i, c.milp), True))
+register(Method("performance-drs",
+                "Problem 2 + dynamic right sizing of inference nodes (not in the paper)",
+                lambda i, c: milp.solve_performance(i, c.milp, drs=True), True))
 register(Method("ppc", "Problem 3: max performance per carbon (Dinkelbach + MILP)",
                 lambda i, c: milp.solve_ppc(i, c.w_inf, c.milp), True))
 

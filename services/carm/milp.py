@@ -11,7 +11,9 @@ Decision variables (all built as numpy arrays, passed to ``highspy`` in one ``pa
   count. Their product ``w = n x`` (eq. 7, 8, 18) is linearised exactly (McCormick for a binary
   times a bounded integer): ``w <= n_max x``, ``w <= n``, ``w >= n - n_max (1 - x)``, ``w >= 0``.
   We also require ``w >= x`` (a slot assigned to a job uses at least one worker, so h_j, the last
-  assigned slot, is a slot where the job really runs). ``x = 0`` before the job's arrival (eq. 6).
+  assigned slot, is a slot where the job really runs) and ``n <= n_max x`` (no workers in an
+  unassigned slot; without it n is free where x = 0, and these symmetric copies slowed HiGHS
+  ten-fold). ``x = 0`` before the job's arrival (eq. 6).
 * Epochs (eq. 7): ``sum_t e_j w[j,t] >= M_j`` with e_j = epochs per worker-slot (eq. 4); and
   ``<= M_j + e_j`` so no plan runs a job more than one worker-slot past its requirement.
 * Workers (eq. 8): ``sum_j w[j,t] <= N``.
@@ -64,6 +66,7 @@ class MilpOptions:
     dinkelbach_tol: float = 1e-6
     dinkelbach_max_iter: int = 20
     threads: int = 0  # 0 = HiGHS default
+    mip_abs_gap: float = 1e-6  # used by Dinkelbach, whose MILP optimum tends to 0
 
 
 @dataclass
@@ -111,8 +114,8 @@ class _Model:
         self.row_hi.append(hi_a.copy())
         self.n_row += lo_a.size
 
-    def solve(self, cost: FloatArray, opts: MilpOptions) -> tuple[str, FloatArray, float, float,
-                                                                    float]:
+    def solve(self, cost: FloatArray, opts: MilpOptions, abs_gap: float | None = None,
+              start: FloatArray | None = None) -> tuple[str, FloatArray, float, float, float]:
         assert self.rows_r is not None and self.rows_c is not None and self.rows_v is not None
         assert self.row_lo is not None and self.row_hi is not None
         lp = highspy.HighsLp()
@@ -132,7 +135,7 @@ class _Model:
         r, c, v = r[order], c[order], v[order]
         start = np.searchsorted(c, np.arange(self.n_col + 1)).astype(np.int32)
         lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-        lp.a_matrix_.start_ = start
+        lp.a_matrix_.start_ = start  # type: ignore[assignment]
         lp.a_matrix_.index_ = r.astype(np.int32)
         lp.a_matrix_.value_ = v
         integ = np.concatenate(self.integer)
@@ -146,8 +149,15 @@ class _Model:
         hs.setOptionValue("random_seed", 0)
         if opts.threads:
             hs.setOptionValue("threads", int(opts.threads))
+        if abs_gap is not None:
+            hs.setOptionValue("mip_abs_gap", float(abs_gap))
         if hs.passModel(lp) != highspy.HighsStatus.kOk:
             return "model_error", np.zeros(0), float("nan"), float("nan"), 0.0
+        if start is not None and start.size == self.n_col:
+            sol0 = highspy.HighsSolution()
+            sol0.col_value = np.asarray(start, dtype=np.float64)
+            sol0.value_valid = True
+            hs.setSolution(sol0)
         hs.run()
         st = hs.getModelStatus()
         info = hs.getInfo()
@@ -251,6 +261,10 @@ def build(
         # w - x >= 0
         mdl.add_rows(np.r_[rr, rr], np.r_[ws, xs], np.r_[np.ones(m), -np.ones(m)],
                      np.zeros(m), np.full(m, np.inf))
+        # n - nmax x <= 0: no workers are assigned in an unassigned slot (removes the
+        # symmetric copies of n where x = 0; then n = w and presolve drops n)
+        mdl.add_rows(np.r_[rr, rr], np.r_[ns, xs], np.r_[np.ones(m), -nm],
+                     np.full(m, -np.inf), np.zeros(m))
     if nj:
         # epochs: M_j <= sum_t e_j w <= M_j + e_j
         e = tab.epochs_per_worker_slot
@@ -313,11 +327,13 @@ def _plan_from(inst: Instance, lay: Layout, sol: FloatArray, method: str, info: 
     h, t = inst.n_sub, inst.n_slots
     lvl = np.argmax(sol[lay.y], axis=2).astype(np.int64)
     w = np.rint(sol[lay.w]).astype(np.int64) if len(inst.jobs) else np.zeros((0, t), np.int64)
-    act = (
-        np.broadcast_to(inst.inf_workers[:, None], (h, t)).astype(np.int64).copy()
-        if active is None
-        else np.asarray(active, dtype=np.int64)
-    )
+    if active is None:
+        act = np.broadcast_to(inst.inf_workers[:, None], (h, t)).astype(np.int64).copy()
+    elif np.ndim(active) == 3:  # per level: take the chosen level's count
+        act = np.take_along_axis(np.asarray(active), lvl[:, :, None], axis=2)[:, :, 0]
+        act = act.astype(np.int64)
+    else:
+        act = np.asarray(active, dtype=np.int64)
     tl = np.full(t, inst.train_level % inst.n_levels, dtype=np.int64)
     return Plan(method, lvl, act, w, tl, info)
 
@@ -343,10 +359,19 @@ def _check_epochs_fit(inst: Instance, tab: Tables, allowed: BoolArray) -> str | 
     return None
 
 
-def solve_performance(inst: Instance, opts: MilpOptions | None = None) -> Plan:
-    """Problem 2: minimise carbon under latency bounds and training deadlines."""
+def solve_performance(inst: Instance, opts: MilpOptions | None = None, drs: bool = False) -> Plan:
+    """Problem 2: minimise carbon under latency bounds and training deadlines.
+
+    ``drs=True`` adds EnergyCost's dynamic right sizing (idle inference nodes off, per clock
+    level) to CA-RM -- not in the paper, which keeps every inference node on (§3.1).
+    """
     opts = opts or MilpOptions()
-    tab = tables(inst)
+    method = "performance-drs" if drs else "performance"
+    active = (
+        np.stack([drs_active_workers(inst, k) for k in range(inst.n_levels)], axis=2)
+        if drs else None
+    )
+    tab = tables(inst, active)
     y_ok = tab.latency_s <= inst.latency_bounds_s()[:, None, None] * (1 + 1e-12)
     x_ok = window(inst, until_deadline=True)
     bad = np.argwhere(~y_ok.any(axis=2))
@@ -354,19 +379,17 @@ def solve_performance(inst: Instance, opts: MilpOptions | None = None) -> Plan:
         i, t = bad[0]
         why = f"sub-cluster {i} ({inst.inf_profiles[i].model}) cannot meet its latency bound " \
               f"in slot {t} at any clock"
-        return _empty_plan(inst, "performance", SolveInfo("infeasible", np.nan, np.nan, 0.0,
-                                                          0, why))
+        return _empty_plan(inst, method, SolveInfo("infeasible", np.nan, np.nan, 0.0, 0, why))
     why_e = _check_epochs_fit(inst, tab, x_ok)
     if why_e:
-        return _empty_plan(inst, "performance", SolveInfo("infeasible", np.nan, np.nan, 0.0, 0,
-                                                          why_e))
+        return _empty_plan(inst, method, SolveInfo("infeasible", np.nan, np.nan, 0.0, 0, why_e))
     mdl, lay = build(inst, tab, y_ok, x_ok)
     cost = carbon_cost(inst, lay, mdl.n_col)
     st, sol, obj, gap, run_s = mdl.solve(cost, opts)
     info = SolveInfo(st, obj, gap, run_s)
     if sol.size == 0:
-        return _empty_plan(inst, "performance", info)
-    return _plan_from(inst, lay, sol, "performance", info)
+        return _empty_plan(inst, method, info)
+    return _plan_from(inst, lay, sol, method, info, active)
 
 
 def min_carbon_g(inst: Instance, opts: MilpOptions | None = None) -> float:
@@ -445,9 +468,10 @@ def solve_ppc(inst: Instance, w_inf: float = 0.5, opts: MilpOptions | None = Non
     sol = np.zeros(0)
     st, gap, resid = "no_solution", float("nan"), float("nan")
     it = 0
-    while it < opts.dinkelbach_max_iter:
+    while it < opts.dinkelbach_max_iter and total_s < 3 * opts.time_limit_s:
         it += 1
-        st, s_new, obj, gap, run_s = mdl.solve(-(perf - q * carb_s), opts)
+        st, s_new, obj, gap, run_s = mdl.solve(-(perf - q * carb_s), opts,
+                                               abs_gap=opts.mip_abs_gap, start=sol)
         total_s += run_s
         if s_new.size == 0:
             break

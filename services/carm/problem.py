@@ -153,17 +153,15 @@ class Tables:
 def tables(inst: Instance, active_workers: IntArray | None = None) -> Tables:
     """Evaluate the nonlinear models at every discrete choice (see module docstring)."""
     h, t, k = inst.n_sub, inst.n_slots, inst.n_levels
-    m = (
-        np.broadcast_to(np.asarray(inst.inf_workers)[:, None], (h, t))
-        if active_workers is None
-        else np.asarray(active_workers)
-    )
+    m = np.asarray(inst.inf_workers if active_workers is None else active_workers)
+    m = m.reshape(m.shape + (1,) * (3 - m.ndim)) if m.ndim > 1 else m[:, None, None]
+    m = np.broadcast_to(m, (h, t, k))  # workers powered on, per (i, t) or per (i, t, level)
     lat = np.empty((h, t, k))
     en = np.empty((h, t, k))
     for i, prof in enumerate(inst.inf_profiles):
         f = inst.levels_mhz[None, :]
         lam = inst.rate_rps[i][:, None]
-        mi = m[i][:, None]
+        mi = m[i]
         lat[i] = latency_s(prof, f, lam, mi, inst.slot_s)
         en[i] = inference_power_w(prof, f, lam, mi) * inst.slot_s
     f_tr = inst.levels_mhz[inst.train_level]
