@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "services.datacenter.cli",
     "services.calibrate.cli",
     "services.scheduler.cli",
+    "services.sweep.cli",
     "services.carm.cli",
     "services.deploy.cli",
 )

@@ -30,6 +30,8 @@ import highspy
 import numpy as np
 import numpy.typing as npt
 
+from services.common.highs import new_highs
+
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
@@ -73,8 +75,7 @@ class HighsSolver:
         self.h = self._new()
 
     def _new(self) -> highspy.Highs:
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
+        h = new_highs()
         h.setOptionValue("threads", self.threads)
         # The warm start replaces HiGHS's feasibility-jump heuristic, which costs ~0.1 s
         # at 300 x 16 before the root LP even starts.

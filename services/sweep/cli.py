@@ -1,0 +1,111 @@
+"""``geoserve sweep``: every policy at several loads on the virtual runtime -> docs/results.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from services.common.errors import InvalidInput
+from services.common.topology import ROOT
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("sweep", help="policy x load sweep (virtual runtime) and results report",
+                       description=__doc__)
+    p.add_argument("--topology", default="topologies/base.yaml")
+    p.add_argument("--rates", default="1200,2400,4000", help="req/s, comma-separated")
+    p.add_argument("--policies", default="",
+                   help="labels to run (default: all of paper 1 §V, greedy at 3 alphas)")
+    p.add_argument("--duration", type=float, default=30.0, help="emulated s per point")
+    p.add_argument("--warmup", type=float, default=10.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--jobs", type=int, default=2, help="worker processes")
+    p.add_argument("--out", default="results/sweep", help="folder of per-point summaries")
+    p.add_argument("--doc", default="docs/results.md")
+    p.add_argument("--force", action="store_true", help="re-run points already done")
+    p.add_argument("--wall-check", default="small:greedy-a0.5:12:60",
+                   help="TOPOLOGY:LABEL:RATE:DURATION re-run on the wall runtime too "
+                        "('' to skip)")
+    p.add_argument("--report-only", action="store_true", help="rebuild the report only")
+    p.set_defaults(func=cmd_sweep)
+
+
+def _wall_check(spec: str, out: Path, policies: dict[str, tuple[str, dict[str, Any]]],
+                seed: int, force: bool) -> dict[str, Any] | None:
+    from services.common.topology import load_topology
+    from services.sim.runtime import SimRun
+
+    if not spec:
+        return None
+    try:
+        topo_name, label, rate, duration = spec.split(":")
+        policy, config = policies[label]
+    except (ValueError, KeyError) as exc:
+        raise InvalidInput("--wall-check", f"expected TOPOLOGY:LABEL:RATE:DURATION with a "
+                           f"known label, got {spec!r}") from exc
+    path = out / f"wallcheck_{topo_name}_{label}_{rate}.json"
+    if path.exists() and not force:
+        return dict(json.loads(path.read_text()))
+    topo = load_topology(topo_name).with_overrides(
+        policy=policy, policy_config=config, rate_rps=float(rate), duration_s=float(duration),
+        seed=seed)
+    print(f"wall check: {spec} on the virtual runtime, then as processes", flush=True)
+    sim = SimRun(topo).run()
+    wall_out = out / f"wallcheck_{topo_name}_{label}_{rate}_run"
+    cfg = ",".join(f"{k}={v}" for k, v in config.items())
+    cmd = [sys.executable, "-m", "services.cli", "run", "--topology", topo_name,
+           "--policy", policy, "--rate", rate, "--duration", duration, "--seed", str(seed),
+           "--out", str(wall_out)] + (["--policy-config", cfg] if cfg else [])
+    subprocess.run(cmd, cwd=ROOT, check=True)
+    wall = json.loads((wall_out / "summary.json").read_text())
+    result = {"sim": sim, "wall": wall}
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return result
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from services.sweep.report import render
+    from services.sweep.run import DEFAULT_POLICIES, Point, run_sweep
+
+    known = {label: (policy, cfg) for label, policy, cfg in DEFAULT_POLICIES}
+    labels = [s for s in args.policies.split(",") if s] or [lb for lb, _, _ in DEFAULT_POLICIES]
+    unknown = [lb for lb in labels if lb not in known]
+    if unknown:
+        raise InvalidInput("--policies", f"unknown labels {unknown}; known: {sorted(known)}")
+    if "round-robin" not in labels:
+        labels.insert(0, "round-robin")  # savings are relative to it
+    try:
+        rates = [float(r) for r in args.rates.split(",") if r]
+    except ValueError as exc:
+        raise InvalidInput("--rates", f"expected numbers, got {args.rates!r}") from exc
+    points = [
+        Point(args.topology, lb, known[lb][0], known[lb][1], rate, args.duration, args.warmup,
+              args.seed)
+        for rate in rates
+        for lb in labels
+    ]
+    out = Path(args.out)
+    t0 = time.monotonic()
+    if args.report_only:
+        summaries = [json.loads((out / f"{p.key}.json").read_text()) for p in points
+                     if (out / f"{p.key}.json").exists()]
+    else:
+        summaries = run_sweep(points, out, jobs=args.jobs, force=args.force)
+    wall = _wall_check(args.wall_check, out, known, args.seed, args.force)
+    doc = Path(args.doc)
+    command = "geoserve sweep " + " ".join(
+        f"--{k} {v}" for k, v in (("topology", args.topology), ("rates", args.rates),
+                                  ("duration", f"{args.duration:g}"),
+                                  ("warmup", f"{args.warmup:g}")))
+    render(summaries, doc, doc.parent / "img", command, wall)
+    notes = doc.parent / "results-notes.md"
+    if notes.exists():
+        with doc.open("a") as f:
+            f.write("\n" + notes.read_text())
+    print(f"sweep done in {time.monotonic() - t0:.0f} s: {doc}")
+    return 0
