@@ -81,6 +81,8 @@ class SchedulerCore:
         self.window_opened_s: float | None = None
         self.forward_window: list[tuple[str, str]] = []
         self.stats = SchedulerStats()
+        self.record_estimates = False
+        self.estimates: dict[str, tuple[float, float]] = {}   # id -> (TTFT s, TPOT s)
         self._predict: Callable[[RequestView], int] | None = None
         if spec.osl_mode == "predicted":
             from services.scheduler.osl import OslPredictor
@@ -163,6 +165,8 @@ class SchedulerCore:
         t0 = self.clock()
         decision = self.policy.decide(reqs, self.snapshot, self.region, now)
         took = self.clock() - t0
+        if self.record_estimates:
+            self._record_estimates(reqs, decision.targets, now)
         st.solver_status[decision.status] = st.solver_status.get(decision.status, 0) + 1
         out = []
         for k, r in enumerate(reqs):
@@ -170,6 +174,17 @@ class SchedulerCore:
             out.append(self._finish(r.id, dc, decision.fallback[k],
                                     decision.fallback_reason[k], now, took))
         return out
+
+    def _record_estimates(self, reqs: list[RequestView], targets: Sequence[str | None],
+                          now: float) -> None:
+        """Keep the shared estimator's TTFT/TPOT for each chosen DC (accuracy studies)."""
+        assert self.snapshot is not None
+        est = self.policy.estimator.estimate(reqs, self.snapshot, now_s=now, region=self.region)
+        col = {name: j for j, name in enumerate(est.dc_names)}
+        for k, (r, dc) in enumerate(zip(reqs, targets, strict=True)):
+            if dc and dc in col:
+                j = col[dc]
+                self.estimates[r.id] = (float(est.ttft_s[k, j]), float(est.tpot_s[k, j]))
 
     def _stale_dispatch(self, r: RequestView, now: float) -> Dispatch:
         self.stats.stale_decisions += 1
