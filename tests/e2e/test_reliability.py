@@ -39,7 +39,9 @@ import yaml
 from services.common.topology import ROOT, Topology, load_topology
 from services.runner.local import LocalRun
 
-GEOSERVE = Path(sys.executable).parent / "geoserve"
+_GEOSERVE = Path(sys.executable).parent / "geoserve"
+# the installed console script; `python -m services.cli` where it is not installed
+GEOSERVE = [str(_GEOSERVE)] if _GEOSERVE.exists() else [sys.executable, "-m", "services.cli"]
 PERIOD_S = 0.5       # provisioner Δp of every topology here
 
 
@@ -442,7 +444,7 @@ def test_interrupted_run_leaves_no_process(tmp_path: Path, how: str) -> None:
     needles = (str(out), str(topo_path))
     log = tmp_path / "geoserve.log"
     with log.open("wb") as fh:
-        p = subprocess.Popen([str(GEOSERVE), "run", "--topology", str(topo_path), "--out",
+        p = subprocess.Popen([*GEOSERVE, "run", "--topology", str(topo_path), "--out",
                               str(out)], cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
                              env={**os.environ, "PYTHONUNBUFFERED": "1"},
                              start_new_session=True)

@@ -21,7 +21,9 @@ import yaml
 from services.common.errors import ConfigError, GeoServeError, InvalidInput
 from services.common.topology import ROOT, TOPOLOGY_DIR, Topology, load_topology
 
-GEOSERVE = Path(sys.executable).parent / "geoserve"
+_GEOSERVE = Path(sys.executable).parent / "geoserve"
+# the installed console script; `python -m services.cli` where it is not installed
+GEOSERVE = [str(_GEOSERVE)] if _GEOSERVE.exists() else [sys.executable, "-m", "services.cli"]
 
 # A valid two-region topology with constant CI (no trace files needed).
 BASE: dict[str, Any] = {
@@ -346,7 +348,7 @@ def test_dilation_one_is_allowed(base_topo: Topology) -> None:
 
 # ------------------------------------------------------------------------------ CLI
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(GEOSERVE), *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([*GEOSERVE, *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
