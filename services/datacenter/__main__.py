@@ -11,6 +11,7 @@ import sys
 from services.common.calibration import load_calibration
 from services.common.clock import WallClock
 from services.common.errors import GeoServeError
+from services.common.metrics import add_metrics_args
 from services.datacenter.dc import DcConfig, FixedCI
 
 
@@ -31,12 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dilation", type=float, default=None, help="time dilation factor k >= 1")
     p.add_argument("--epoch", type=float, default=None, help="run epoch, unix seconds")
     p.add_argument("--drain-grace", type=float, default=5.0, help="SIGTERM drain, wall s")
+    add_metrics_args(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = build_parser().parse_args(argv)
+    from services.common.metrics import DcMetrics, serve_metrics
     from services.datacenter.dc import Datacenter
     from services.datacenter.server import serve
 
@@ -63,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             clock = WallClock(args.dilation or 1.0, args.epoch)
             dc = Datacenter(cfg, cal, FixedCI(args.ci), start_s=clock.now())
-        asyncio.run(serve(dc, address, clock, args.drain_grace))
+        metrics = DcMetrics()
+        serve_metrics(metrics.registry, args.metrics_port, args.metrics_address, "datacenter")
+        asyncio.run(serve(dc, address, clock, args.drain_grace, metrics=metrics))
     except GeoServeError as exc:
         print(f"datacenter: error: {exc}", file=sys.stderr)
         return 2

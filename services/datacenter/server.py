@@ -23,6 +23,7 @@ from geoserve.v1 import datacenter_pb2_grpc as dgrpc
 from services.common.clock import WallClock
 from services.common.errors import GeoServeError, InvalidInput
 from services.common.grpcutil import install_signal_handlers, set_not_serving, start_server
+from services.common.metrics import DcMetrics
 from services.datacenter.convert import counters_to_proto, failed_record, finished_record
 from services.datacenter.dc import Datacenter
 from services.datacenter.engine import FINISHED, FIRST_TOKEN, EngineEvent, EngineRequest
@@ -54,6 +55,7 @@ class WallDcRuntime:
         self._tasks: list[asyncio.Task[None]] = []
         self.records: deque[pb.RequestRecord] = deque(maxlen=100_000)
         self.stopped = False
+        self.on_completed: Callable[[pb.RequestRecord], None] | None = None  # metrics hook
 
     def start(self) -> None:
         for i in range(len(self.dc.engines)):
@@ -144,6 +146,8 @@ class WallDcRuntime:
             elif ev.kind == FINISHED and ev.finished is not None:
                 self.dc.completed += 1
                 rec = finished_record(ticket.request, ev.finished, name, ticket.engine)
+                if self.on_completed is not None:
+                    self.on_completed(rec)
                 self._deliver(rec, ticket.sink, ev.time_s)
 
     def fail_in_flight(self, reason: str, status: str = "UNAVAILABLE") -> int:
@@ -278,9 +282,13 @@ async def serve(
     clock: WallClock,
     drain_grace_s: float = 5.0,
     ready: asyncio.Event | None = None,
+    metrics: DcMetrics | None = None,
 ) -> None:
     """Run the datacenter service until SIGTERM/SIGINT (then drain and stop)."""
     rt = WallDcRuntime(dc, clock)
+    if metrics is not None:
+        metrics.attach(dc, clock.now, clock.dilation, asyncio.get_running_loop())
+        rt.on_completed = metrics.on_record
     rt.start()
     service = DatacenterService(rt)
     server, health_servicer, port = await start_server(

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from services.common.errors import GeoServeError, InvalidInput
+from services.common.metrics import add_metrics_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-limit", type=float, default=120.0,
                    help="emulated s to wait for records after the load ends")
     p.add_argument("--progress-every", type=float, default=5.0, help="wall s between lines")
+    add_metrics_args(p)
     return p
 
 
@@ -35,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from services.common.clock import WallClock
     from services.common.grpcutil import parse_addr_map
+    from services.common.metrics import LoadgenMetrics, metrics_port, serve_metrics
     from services.common.topology import load_topology
     from services.loadgen.service import LoadGenerator
 
@@ -50,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         clock = WallClock(topo.dilation, args.epoch)
         gen = LoadGenerator(topo, scheds, dcs, clock, Path(args.out) if args.out else None,
                             drain_limit_s=args.drain_limit, progress_every_s=args.progress_every)
+        if metrics_port(args.metrics_port):
+            gen.metrics = LoadgenMetrics({r.name: r.scheduler.policy for r in topo.regions})
+            gen.metrics.attach(clock.now, clock.dilation)
+            serve_metrics(gen.metrics.registry, args.metrics_port, args.metrics_address,
+                          "loadgen")
         summary = asyncio.run(gen.run())
     except GeoServeError as exc:
         print(f"loadgen: error: {exc}", file=sys.stderr)

@@ -7,7 +7,11 @@
   FINISHED record, FAILED when its scheduler's stream broke, or FAILED when no record
   arrived within ``drain_limit_s`` after the load ended.
 * Energy and carbon cover the load window: DC counters are read when the load starts and
-  after the last record, and the difference is reported.
+  after the last record, and the difference is reported. The summary's ``window`` block
+  keeps the absolute DC carbon counters and the DCs' emulated times of both reads, so the
+  window can be cut out of other sources of the same counters (Prometheus).
+* With a `LoadgenMetrics` attached, every emitted request and every terminal record
+  also feeds the Prometheus counters and histograms.
 * Writes ``records.csv`` and ``summary.json`` into the output folder and prints progress
   and a summary table.
 """
@@ -32,6 +36,7 @@ from geoserve.v1 import scheduler_pb2_grpc as sgrpc
 
 from services.common.clock import WallClock
 from services.common.grpcutil import CHANNEL_OPTIONS
+from services.common.metrics import LoadgenMetrics
 from services.common.topology import Topology
 from services.loadgen.plan import PlannedRequest, plan_requests
 from services.loadgen.records import COMPLETED, FAILED, REJECTED, RecordRow, write_csv
@@ -147,6 +152,7 @@ class LoadGenerator:
         self.emitted_at: dict[str, float] = {}
         self.outstanding: dict[str, set[str]] = {r: set() for r in self.schedulers}
         self.t0 = 0.0
+        self.metrics: LoadgenMetrics | None = None
 
     def log(self, msg: str) -> None:
         print(msg, file=self.out, flush=True)
@@ -180,6 +186,8 @@ class LoadGenerator:
         if rid in self.rows:
             return
         self.rows[rid] = row
+        if self.metrics is not None:
+            self.metrics.on_finished(row)
 
     async def _region_stream(self, region: str, addr: str, items: list[PlannedRequest],
                              all_sent: asyncio.Event) -> None:
@@ -198,6 +206,8 @@ class LoadGenerator:
                 )
                 req.timestamps.emitted_s = now
                 pending.add(p.id)
+                if self.metrics is not None:
+                    self.metrics.on_emitted(region)
                 yield req
             await done.wait()  # keep the stream open until every record is back
 
@@ -306,6 +316,16 @@ class LoadGenerator:
             wall_s=time.monotonic() - wall0,
             emulated_s=end - self.t0,
         )
+        summary["window"] = {
+            "start_s": self.t0,
+            "end_s": end,
+            "dc_carbon_g": {
+                n: {"start": start_states[n].carbon_g, "start_time_s": start_states[n].time_s,
+                    "end": end_states[n].carbon_g, "end_time_s": end_states[n].time_s}
+                for n in self.dcs
+                if n in start_states and n in end_states
+            },
+        }
         missing = sorted(set(self.dcs) - {f.dc for f in finals})
         if missing:
             summary["dcs_unreachable_at_end"] = missing

@@ -16,6 +16,7 @@ from geoserve.v1 import common_pb2 as pb
 
 from services.common.clock import WallClock
 from services.common.errors import GeoServeError, InvalidInput
+from services.common.metrics import ProvisionerMetrics, add_metrics_args, serve_metrics
 from services.provisioner.core import DcInfo, ProvisionerCore
 from services.provisioner.server import WallProvisioner, serve
 
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time dilation factor k >= 1 (default: the topology's)")
     p.add_argument("--epoch", type=float, default=None, help="run epoch, unix seconds")
     p.add_argument("--stop-grace", type=float, default=1.0, help="SIGTERM stop grace, wall s")
+    add_metrics_args(p)
     return p
 
 
@@ -91,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
             mode=args.mode or topo.provisioner.mode,
             start_s=clock.now(),
         )
-        asyncio.run(_run(core, clock, addrs, args.poll_timeout, address, args.stop_grace))
+        metrics = ProvisionerMetrics()
+        serve_metrics(metrics.registry, args.metrics_port, args.metrics_address, "provisioner")
+        asyncio.run(_run(core, clock, addrs, args.poll_timeout, address, args.stop_grace,
+                         metrics))
     except GeoServeError as exc:
         print(f"provisioner: error: {exc}", file=sys.stderr)
         return 2
@@ -105,10 +110,11 @@ async def _run(
     poll_timeout_s: float | None,
     address: str,
     stop_grace_s: float,
+    metrics: ProvisionerMetrics | None = None,
 ) -> None:
     # channels bind to the running event loop: build the runtime inside it
     prov = WallProvisioner(core, clock, addrs, poll_timeout_s)
-    await serve(prov, address, stop_grace_s)
+    await serve(prov, address, stop_grace_s, metrics=metrics)
 
 
 if __name__ == "__main__":

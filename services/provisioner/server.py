@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import grpc
 from geoserve.v1 import common_pb2 as pb
@@ -24,6 +24,7 @@ from geoserve.v1 import provisioner_pb2_grpc as pgrpc
 from services.common.clock import WallClock
 from services.common.errors import InvalidInput
 from services.common.grpcutil import install_signal_handlers, set_not_serving, start_server
+from services.common.metrics import ProvisionerMetrics
 from services.provisioner.convert import snapshot_to_proto
 from services.provisioner.core import Poll, PollOutcome, ProvisionerCore
 
@@ -80,6 +81,7 @@ class WallProvisioner:
         self._polls: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self.closed = False
+        self.on_poll: Callable[[str, float, bool], None] | None = None  # metrics hook
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -110,14 +112,19 @@ class WallProvisioner:
 
     async def _poll(self, poll: Poll) -> None:
         stub = self._stubs[poll.dc]
+        t0 = self.clock.now()
         try:
             reply = await stub.GetState(
                 dpb.GetStateRequest(), timeout=self.clock.wall_delay(self.poll_timeout_s)
             )
         except grpc.aio.AioRpcError as exc:
+            if self.on_poll is not None:
+                self.on_poll(poll.dc, self.clock.now() - t0, False)
             reason = f"{exc.code().name}: {exc.details()}"
             self._apply(self.core.on_poll_failed(poll, self.clock.now(), reason))
             return
+        if self.on_poll is not None:
+            self.on_poll(poll.dc, self.clock.now() - t0, True)
         state = reply.state
         self._apply(self.core.on_poll_ok(poll, state, self.clock.now(), dc_up=state.up))
 
@@ -195,8 +202,13 @@ async def serve(
     address: str,
     stop_grace_s: float = 1.0,
     ready: asyncio.Event | None = None,
+    metrics: ProvisionerMetrics | None = None,
 ) -> None:
     """Run the provisioner until SIGTERM/SIGINT: health NOT_SERVING, end watches, stop."""
+    if metrics is not None:
+        metrics.attach(prov.core, prov.clock.now, prov.clock.dilation,
+                       lambda: prov.subscribers, asyncio.get_running_loop())
+        prov.on_poll = metrics.on_poll
     service = ProvisionerService(prov)
     server, health_servicer, port = await start_server(
         [(pgrpc.add_ProvisionerServicer_to_server, service)],

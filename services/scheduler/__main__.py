@@ -9,6 +9,7 @@ import os
 import sys
 
 from services.common.errors import GeoServeError, InvalidInput
+from services.common.metrics import add_metrics_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=None, help="listen address (default [::]:$PORT)")
     p.add_argument("--dilation", type=float, default=None)
     p.add_argument("--epoch", type=float, default=None, help="run epoch, unix seconds")
+    add_metrics_args(p)
     return p
 
 
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from services.common.clock import WallClock
     from services.common.grpcutil import parse_addr_map
+    from services.common.metrics import SchedulerMetrics, serve_metrics
     from services.common.topology import load_topology
     from services.scheduler.server import SchedulerRuntime, serve
 
@@ -70,10 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         peers = parse_addr_map(args.peers, "--peers")
         address = args.address or f"[::]:{os.environ.get('PORT', '50052')}"
         clock = WallClock(args.dilation or topo.dilation, args.epoch)
+        metrics = SchedulerMetrics()
+        serve_metrics(metrics.registry, args.metrics_port, args.metrics_address, "scheduler")
 
         async def run() -> None:
             rt = SchedulerRuntime(topo, region, clock, peers, dcs, args.provisioner or None)
-            await serve(rt, address)
+            await serve(rt, address, metrics)
 
         asyncio.run(run())
     except GeoServeError as exc:

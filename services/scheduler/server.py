@@ -39,6 +39,7 @@ from services.common.grpcutil import (
     start_server,
 )
 from services.common.links import StreamLink
+from services.common.metrics import SchedulerMetrics
 from services.common.state import RequestView
 from services.common.topology import Topology
 from services.scheduler.core import Dispatch, SchedulerCore
@@ -86,6 +87,7 @@ class SchedulerRuntime:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.snapshots = 0
+        self.on_decision: Callable[[Dispatch], None] | None = None  # metrics hook
         self.dc_links = {
             name: StreamLink(
                 f"{region}->{name}",
@@ -201,6 +203,8 @@ class SchedulerRuntime:
             if e is None:
                 continue
             req = e.request
+            if e.origin and self.on_decision is not None:
+                self.on_decision(d)
             if e.origin:
                 req.timestamps.decided_s = d.decided_s + d.decision_s / self.clock.dilation
                 req.decision_s = d.decision_s
@@ -401,7 +405,12 @@ class SchedulerService(sgrpc.SchedulerServicer):
         return self.rt.info()
 
 
-async def serve(rt: SchedulerRuntime, address: str) -> None:
+async def serve(rt: SchedulerRuntime, address: str, metrics: SchedulerMetrics | None = None
+                ) -> None:
+    if metrics is not None:
+        metrics.attach(rt.core, rt.clock.now, rt.clock.dilation, lambda: len(rt.entries),
+                       asyncio.get_running_loop())
+        rt.on_decision = metrics.on_decision
     rt.start()
     server, health_servicer, port = await start_server(
         [(sgrpc.add_SchedulerServicer_to_server, SchedulerService(rt))],
