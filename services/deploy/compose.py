@@ -1,0 +1,486 @@
+"""Docker Compose deployment of a topology: ``geoserve compose``.
+
+Rules / theory of operation
+---------------------------
+* One container per service of the topology, all from one image (``deploy/Dockerfile``):
+  ``dc-<dc>`` per datacenter, ``provisioner``, ``scheduler-<region>`` per region,
+  ``loadgen``; plus ``prometheus`` (scrapes every service on ``METRICS_PORT``) and, under
+  the ``grafana`` profile, ``grafana``. Service names are the DNS names the services use
+  to reach each other and the scrape targets of ``deploy/prometheus/prometheus.yml``.
+* Every GeoServe service listens for gRPC on ``GRPC_PORT`` and serves metrics on
+  ``METRICS_PORT`` inside its own container, so the ports never clash; only Prometheus and
+  Grafana are published, on the host's loopback, at ports pinned in ``.env``.
+* Start order follows the local runner: DCs, then the provisioner, then the schedulers,
+  then the load generator, each ``depends_on`` the previous tier being *healthy* (gRPC
+  health probe ``python -m services.common.healthprobe``).
+* All processes of a run share one epoch: ``GEOSERVE_EPOCH`` when set, else the first
+  container to start writes its start time to a tmpfs volume that the others read
+  (``deploy/entrypoint.sh``); the volume empties when the last container of the run stops.
+* Per-region scheduler image and policy come from ``.env`` (``SCHEDULER_IMAGE_<REGION>``,
+  ``POLICY_<REGION>``, ``POLICY_CONFIG_<REGION>``), so a scheduler is swapped without
+  editing the generated file. Compose v1 (Debian's 1.29) has no nested defaults, so
+  ``.env`` spells every variable out; the defaults in the file are the same values.
+* The output is deterministic text (hand-laid YAML with ``x-`` anchors and merge keys);
+  `compose_model` is the same content as plain data, for tests and tools.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from services.common.errors import InvalidInput
+from services.common.topology import ROOT, Topology
+
+GRPC_PORT = 50051
+METRICS_PORT = 9100
+PROMETHEUS_PORT = 9090
+GRAFANA_PORT = 3000
+IMAGE = "geoserve/geoserve:0.1.0"
+# Pinned bases; build-image.sh and the Dockerfile's BASE_IMAGE default use the first.
+BASE_IMAGE = "python:3.11.14-slim-bookworm"
+PROMETHEUS_IMAGE = "prom/prometheus:v2.55.1"
+GRAFANA_IMAGE = "grafana/grafana:11.3.0"
+UID = 10001
+EPOCH_DIR = "/run/geoserve"
+RESULTS_IN_CONTAINER = "/results"
+# where an external topology file is mounted (one under topologies/ is in the image)
+TOPOLOGY_MOUNT = "/etc/geoserve/topology.yaml"
+COMPOSE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+
+
+def env_key(name: str) -> str:
+    """``eu-north`` -> ``EU_NORTH`` (the suffix of per-region .env variables)."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").upper()
+
+
+def dc_service(dc: str) -> str:
+    return f"dc-{dc}"
+
+
+def scheduler_service(region: str) -> str:
+    return f"scheduler-{region}"
+
+
+def scheduler_image_var(region: str) -> str:
+    return f"SCHEDULER_IMAGE_{env_key(region)}"
+
+
+def policy_var(region: str) -> str:
+    return f"POLICY_{env_key(region)}"
+
+
+def policy_config_var(region: str) -> str:
+    return f"POLICY_CONFIG_{env_key(region)}"
+
+
+def _check_names(topo: Topology) -> None:
+    keys: dict[str, str] = {}
+    for kind, names in (("region", [r.name for r in topo.regions]),
+                        ("dc", [d.name for d in topo.dcs])):
+        for name in names:
+            if not COMPOSE_NAME_RE.match(name):
+                raise InvalidInput(
+                    f"{topo.path}: {kind} {name!r}",
+                    "not usable as a compose service / DNS name (lower-case letters, digits, "
+                    "'-', '_', '.'; starting with a letter or digit)")
+    for r in topo.regions:
+        other = keys.setdefault(env_key(r.name), r.name)
+        if other != r.name:
+            raise InvalidInput(f"{topo.path}: region {r.name!r}",
+                               f"its .env suffix {env_key(r.name)} clashes with {other!r}")
+
+
+def topology_ref(topo: Topology, out_dir: Path) -> tuple[str, str | None]:
+    """(path the containers load, host path to bind-mount or None).
+
+    A topology under the repository's ``topologies/`` is in the image (relative path from
+    the image's working directory /app); any other file is mounted read-only.
+    """
+    path = Path(topo.path).resolve()
+    try:
+        rel = path.relative_to(ROOT / "topologies")
+    except ValueError:
+        try:
+            host = Path(path).relative_to(out_dir.resolve()).as_posix()
+            host = f"./{host}"
+        except ValueError:
+            host = path.as_posix()
+        return TOPOLOGY_MOUNT, host
+    return f"topologies/{rel.as_posix()}", None
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class Alias:
+    """A YAML alias (``*name``) in the emitted text."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Anchored:
+    """A mapping emitted with an anchor (``&name``)."""
+
+    name: str
+    value: Mapping[str, Any]
+
+
+def _addr_map(items: Sequence[tuple[str, str]]) -> str:
+    return ",".join(f"{name}={host}:{GRPC_PORT}" for name, host in items)
+
+
+def _healthy(names: Sequence[str]) -> dict[str, Any]:
+    return {n: {"condition": "service_healthy"} for n in names}
+
+
+def _layout(topo: Topology, out_dir: Path) -> dict[str, Any]:
+    """The compose file as data with anchors and aliases (rendered by `_emit`)."""
+    _check_names(topo)
+    ref, mount = topology_ref(topo, out_dir)
+    image = f"${{GEOSERVE_IMAGE:-{IMAGE}}}"
+    base_volumes = [f"epoch:{EPOCH_DIR}"]
+    if mount:
+        base_volumes.append(f"{mount}:{TOPOLOGY_MOUNT}:ro")
+    env = Anchored("geoserve-env", {
+        "PORT": str(GRPC_PORT),
+        "METRICS_PORT": str(METRICS_PORT),
+        "GEOSERVE_TOPOLOGY": ref,
+        "GEOSERVE_EPOCH": "${GEOSERVE_EPOCH:-}",
+        "GEOSERVE_EPOCH_FILE": f"{EPOCH_DIR}/epoch",
+        "GEOSERVE_DILATION": "${GEOSERVE_DILATION:-}",
+        "GRPC_VERBOSITY": "ERROR",
+    })
+    health = Anchored("grpc-health", {
+        "test": ["CMD", "python", "-m", "services.common.healthprobe"],
+        "interval": "5s",
+        "timeout": "4s",
+        "retries": 3,
+        "start_period": "60s",
+    })
+    logging = Anchored("logging", {
+        "driver": "json-file",
+        "options": {"max-size": "10m", "max-file": "3"},
+    })
+    common = Anchored("geoserve", {
+        "image": image,
+        "environment": Alias("geoserve-env"),
+        "volumes": base_volumes,
+        "healthcheck": Alias("grpc-health"),
+        "stop_grace_period": "15s",
+        "logging": Alias("logging"),
+    })
+
+    def svc(command: list[str], **extra: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"<<": Alias("geoserve"), "command": command}
+        if "environment" in extra:
+            extra["environment"] = {"<<": Alias("geoserve-env"), **extra["environment"]}
+        body.update(extra)
+        return body
+
+    services: dict[str, Any] = {}
+    topo_args = ["--topology", ref]
+    dc_names = [dc_service(d.name) for d in topo.dcs]
+    for d in topo.dcs:
+        services[dc_service(d.name)] = svc(["datacenter", *topo_args, "--dc", d.name])
+    services["provisioner"] = svc(
+        ["provisioner", *topo_args],
+        environment={"DC_ADDRS": _addr_map([(d.name, dc_service(d.name)) for d in topo.dcs])},
+        depends_on=_healthy(dc_names),
+    )
+    for r in topo.regions:
+        peers = [(o.name, scheduler_service(o.name)) for o in topo.regions if o.name != r.name]
+        services[scheduler_service(r.name)] = svc(
+            ["scheduler", *topo_args],
+            image=f"${{{scheduler_image_var(r.name)}:-{IMAGE}}}",
+            environment={
+                "GEOSERVE_REGION": r.name,
+                "GEOSERVE_POLICY": f"${{{policy_var(r.name)}:-}}",
+                "GEOSERVE_POLICY_CONFIG": f"${{{policy_config_var(r.name)}:-}}",
+                "DC_ADDRS": _addr_map([(d.name, dc_service(d.name)) for d in r.dcs]),
+                "PEER_ADDRS": _addr_map(peers),
+                "PROVISIONER_ADDR": f"provisioner:{GRPC_PORT}",
+            },
+            depends_on=_healthy(["provisioner", *(dc_service(d.name) for d in r.dcs)]),
+        )
+    sched_names = [scheduler_service(r.name) for r in topo.regions]
+    services["loadgen"] = svc(
+        ["loadgen", *topo_args],
+        user=f"${{GEOSERVE_UID:-{UID}}}:${{GEOSERVE_GID:-{UID}}}",
+        environment={
+            "SCHEDULER_ADDRS": _addr_map([(r.name, scheduler_service(r.name))
+                                          for r in topo.regions]),
+            "DC_ADDRS": _addr_map([(d.name, dc_service(d.name)) for d in topo.dcs]),
+            "GEOSERVE_OUT": RESULTS_IN_CONTAINER,
+            "GEOSERVE_EXTRA_ARGS": "${LOADGEN_ARGS:-}",
+        },
+        volumes=[*base_volumes, f"${{RESULTS_DIR:-./results}}:{RESULTS_IN_CONTAINER}"],
+        healthcheck={"disable": True},
+        depends_on=_healthy([*dc_names, *sched_names]),
+    )
+    services["prometheus"] = {
+        "image": f"${{PROMETHEUS_IMAGE:-{PROMETHEUS_IMAGE}}}",
+        "command": [
+            "--config.file=/etc/prometheus/prometheus.yml",
+            "--storage.tsdb.path=/prometheus",
+            "--storage.tsdb.retention.time=7d",
+            f"--web.listen-address=:{PROMETHEUS_PORT}",
+        ],
+        "volumes": ["./deploy/prometheus:/etc/prometheus:ro"],
+        "ports": [f"127.0.0.1:${{PROMETHEUS_PORT:-{PROMETHEUS_PORT}}}:{PROMETHEUS_PORT}"],
+        "healthcheck": {
+            "test": ["CMD", "wget", "-q", "-O", "/dev/null",
+                     f"http://127.0.0.1:{PROMETHEUS_PORT}/-/ready"],
+            "interval": "5s", "timeout": "4s", "retries": 3, "start_period": "30s",
+        },
+        "logging": Alias("logging"),
+    }
+    services["grafana"] = {
+        "image": f"${{GRAFANA_IMAGE:-{GRAFANA_IMAGE}}}",
+        "profiles": ["grafana"],
+        "environment": {
+            "GF_AUTH_ANONYMOUS_ENABLED": "true",
+            "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer",
+            "GF_SECURITY_ADMIN_PASSWORD": "${GRAFANA_ADMIN_PASSWORD:-admin}",
+            "GF_ANALYTICS_REPORTING_ENABLED": "false",
+            "GF_ANALYTICS_CHECK_FOR_UPDATES": "false",
+        },
+        "volumes": [
+            "./deploy/grafana/provisioning:/etc/grafana/provisioning:ro",
+            "./deploy/grafana/dashboards:/var/lib/grafana/dashboards:ro",
+        ],
+        "ports": [f"127.0.0.1:${{GRAFANA_PORT:-{GRAFANA_PORT}}}:{GRAFANA_PORT}"],
+        "depends_on": _healthy(["prometheus"]),
+        "healthcheck": {
+            "test": ["CMD", "wget", "-q", "-O", "/dev/null",
+                     f"http://127.0.0.1:{GRAFANA_PORT}/api/health"],
+            "interval": "10s", "timeout": "5s", "retries": 3, "start_period": "60s",
+        },
+        "logging": Alias("logging"),
+    }
+    return {
+        "x-geoserve-env": env,
+        "x-grpc-health": health,
+        "x-logging": logging,
+        "x-geoserve": common,
+        "services": services,
+        "volumes": {
+            # run-scoped: tmpfs, mounted while any container of the run uses it
+            "epoch": {"driver": "local",
+                      "driver_opts": {"type": "tmpfs", "device": "tmpfs",
+                                      "o": "size=64k,mode=1777"}},
+        },
+    }
+
+
+# --------------------------------------------------------------------------- emitter
+
+
+def _scalar(value: Any) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 20, allow_unicode=True)
+    text = text.rstrip("\n")
+    if text.endswith("\n..."):
+        text = text[: -len("\n...")]
+    return text
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
+
+
+def _emit(value: Any, indent: int, out: list[str]) -> None:
+    pad = " " * indent
+    if isinstance(value, Anchored):
+        value = value.value
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if isinstance(item, Alias):
+                out.append(f"{pad}{key}: *{item.name}")
+            elif isinstance(item, Anchored):
+                out.append(f"{pad}{key}: &{item.name}")
+                _emit(item.value, indent + 2, out)
+            elif _is_scalar(item):
+                out.append(f"{pad}{key}: {_scalar(item)}")
+            elif isinstance(item, list) and all(_is_scalar(i) for i in item):
+                flow = _scalar(item)
+                if len(pad) + len(str(key)) + len(flow) + 2 <= 100:
+                    out.append(f"{pad}{key}: {flow}")
+                else:
+                    out.append(f"{pad}{key}:")
+                    out.extend(f"{pad}  - {_scalar(i)}" for i in item)
+            else:
+                out.append(f"{pad}{key}:")
+                _emit(item, indent + 2, out)
+    elif isinstance(value, list):
+        for item in value:
+            out.append(f"{pad}- {_scalar(item)}")
+    else:  # pragma: no cover - layouts only hold mappings, lists and scalars
+        raise TypeError(f"cannot emit {type(value).__name__}")
+
+
+def render_compose(topo: Topology, out_dir: Path | None = None) -> str:
+    """The docker-compose.yml text for `topo` (written to `out_dir`)."""
+    out_dir = out_dir or ROOT
+    layout = _layout(topo, out_dir)
+    ref, mount = topology_ref(topo, out_dir)
+    head = [
+        f"# GeoServe on Docker Compose: topology {topo.name!r}.",
+        f"# Generated by `geoserve compose --topology {mount or ref}`; do not edit:",
+        "# regenerate it (a test checks that the committed file is current).",
+        "# Images, published ports and per-region scheduler",
+        "# images/policies come from .env; see deploy/README.md.",
+        "#   deploy/build-image.sh && mkdir -p results && docker compose up -d",
+        "#   docker compose logs -f loadgen        # results/ gets records.csv, summary.json",
+        "#   COMPOSE_PROFILES=grafana docker compose up -d    # with Grafana",
+        "# Works with Compose v2 (docker compose) and v1.29 (docker-compose).",
+        "",
+    ]
+    body: list[str] = []
+    blocks = list(layout.items())
+    for i, (key, value) in enumerate(blocks):
+        one: list[str] = []
+        _emit({key: value}, 0, one)
+        if key == "services":
+            # a blank line between services
+            lines = [one[0]]
+            for line in one[1:]:
+                if line.startswith("  ") and not line.startswith("   ") and len(lines) > 1:
+                    lines.append("")
+                lines.append(line)
+            one = lines
+        body.extend(one)
+        if i < len(blocks) - 1:
+            body.append("")
+    return "\n".join(head + body) + "\n"
+
+
+def compose_model(topo: Topology, out_dir: Path | None = None) -> dict[str, Any]:
+    """The rendered file parsed back (anchors and merge keys resolved)."""
+    data = yaml.safe_load(render_compose(topo, out_dir))
+    assert isinstance(data, dict)
+    return data
+
+
+def render_env(topo: Topology) -> str:
+    """The .env next to docker-compose.yml: pinned images, host ports, per-region knobs."""
+    lines = [
+        f"# Settings of docker-compose.yml (topology {topo.name!r}), generated by",
+        "# `geoserve compose` with the file; edit the values freely (variables exported in",
+        "# the shell win over this file). See deploy/README.md.",
+        "",
+        "# One image for every GeoServe service (deploy/Dockerfile, deploy/build-image.sh)",
+        f"GEOSERVE_IMAGE={IMAGE}",
+        "# Base of that image; pin a digest here where a registry is reachable",
+        f"GEOSERVE_BASE_IMAGE={BASE_IMAGE}",
+        f"PROMETHEUS_IMAGE={PROMETHEUS_IMAGE}",
+        f"GRAFANA_IMAGE={GRAFANA_IMAGE}",
+        "",
+        "# Host ports (published on 127.0.0.1 only)",
+        f"PROMETHEUS_PORT={PROMETHEUS_PORT}",
+        f"GRAFANA_PORT={GRAFANA_PORT}",
+        "",
+        "# Run settings: shared epoch (unix s; empty = the first container's start time),",
+        "# dilation (empty = the topology's), load generator arguments (e.g. --duration 20),",
+        "# results folder and the uid:gid the load generator writes it as",
+        "GEOSERVE_EPOCH=",
+        "GEOSERVE_DILATION=",
+        "LOADGEN_ARGS=",
+        "RESULTS_DIR=./results",
+        f"GEOSERVE_UID={UID}",
+        f"GEOSERVE_GID={UID}",
+        "",
+        "# Schedulers: image, policy (empty = the topology's) and policy settings (k=v,k=v)",
+        "# per region; `geoserve swap-scheduler` replaces one in a running deployment",
+    ]
+    for r in topo.regions:
+        lines += [
+            f"{scheduler_image_var(r.name)}={IMAGE}",
+            f"{policy_var(r.name)}=",
+            f"{policy_config_var(r.name)}=",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def write_compose(topo: Topology, out: Path, env_out: Path | None) -> list[Path]:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_compose(topo, out.parent))
+    written = [out]
+    if env_out is not None:
+        env_out.write_text(render_env(topo))
+        written.append(env_out)
+    return written
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_compose(args: Any) -> int:
+    from services.common.topology import load_topology
+
+    topo = load_topology(args.topology)
+    out = Path(args.out)
+    env_out = None if args.no_env else Path(args.env_out or out.parent / ".env")
+    for path in write_compose(topo, out, env_out):
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_swap_scheduler(args: Any) -> int:
+    from services.deploy.swap import swap_scheduler, validate
+
+    req = validate(compose_file=Path(args.file), region=args.region, image=args.image,
+                   project=args.project, policy=args.policy,
+                   policy_config=args.policy_config, any_policy=args.any_policy,
+                   health_cmd=args.health_cmd, timeout_s=args.timeout)
+    swap_scheduler(req)
+    return 0
+
+
+def register_commands(sub: Any) -> None:
+    """Add ``compose`` and ``swap-scheduler`` to the ``geoserve`` subcommands."""
+    c = sub.add_parser(
+        "compose", help="write docker-compose.yml (and .env) for a topology",
+        description="Write a Docker Compose file running every service of a topology in its "
+                    "own container (plus Prometheus, and Grafana under the 'grafana' "
+                    "profile), and the .env that pins its images and ports.")
+    c.add_argument("--topology", default="topologies/small.yaml",
+                   help="topology YAML, or a name in topologies/ (default: small)")
+    c.add_argument("--out", default=str(ROOT / "docker-compose.yml"),
+                   help="compose file to write (default: docker-compose.yml at the top)")
+    c.add_argument("--env-out", default=None,
+                   help="the .env to write (default: .env next to --out)")
+    c.add_argument("--no-env", action="store_true", help="do not write the .env")
+    c.set_defaults(func=cmd_compose)
+
+    s = sub.add_parser(
+        "swap-scheduler", help="replace a region's scheduler container (Docker, between runs)",
+        description="Replace the running scheduler container of one region of a compose "
+                    "deployment by one from another image (and/or policy), keeping its "
+                    "network, aliases, environment and command; waits for it to be healthy "
+                    "and rolls back if it is not.")
+    s.add_argument("--region", required=True, help="region whose scheduler to replace")
+    s.add_argument("--image", required=True, help="image of the new scheduler")
+    s.add_argument("--policy", default=None, help="policy of the new scheduler "
+                   "(default: keep the current setting)")
+    s.add_argument("--policy-config", default=None, help="policy settings k=v,k=v")
+    s.add_argument("--any-policy", action="store_true",
+                   help="pass --policy on without checking it against GeoServe's registry")
+    s.add_argument("--project", default=os.environ.get("COMPOSE_PROJECT_NAME") or None,
+                   help="compose project (default: $COMPOSE_PROJECT_NAME or the compose "
+                        "file's folder name)")
+    s.add_argument("--file", "-f", default="docker-compose.yml",
+                   help="compose file of the deployment (default: docker-compose.yml)")
+    s.add_argument("--health-cmd", default=None,
+                   help="health check command of the new container (default: the old one's, "
+                        "python -m services.common.healthprobe)")
+    s.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds to wait for the new scheduler to be healthy")
+    s.set_defaults(func=cmd_swap_scheduler)
