@@ -298,7 +298,10 @@ def _build_trace(
         raise ConfigError(source, f"{key_path}.zone", "an Electricity Maps zone id is required")
     trace = m.get("trace")
     if trace in (None, "auto"):
-        path = find_zone_trace(zone, base / "data" / "carbon" if base else DEFAULT_CARBON_DIR)
+        try:
+            path = find_zone_trace(zone, base / "data" / "carbon" if base else DEFAULT_CARBON_DIR)
+        except ConfigError as exc:
+            raise ConfigError(source, f"{key_path}.zone", exc.message) from exc
     elif isinstance(trace, str | Path):
         path = Path(trace)
         if not path.is_absolute() and base is not None:

@@ -64,9 +64,10 @@ class StreamLink:
         self._queue.put_nowait(msg)
         return True
 
-    async def _gen(self) -> AsyncIterator[Any]:
+    @staticmethod
+    async def _gen(queue: asyncio.Queue[Any]) -> AsyncIterator[Any]:
         while True:
-            yield await self._queue.get()
+            yield await queue.get()
 
     async def _run(self) -> None:
         backoff = 0.2
@@ -74,7 +75,10 @@ class StreamLink:
             async with grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS) as ch:
                 try:
                     await asyncio.wait_for(ch.channel_ready(), self._connect_timeout)
-                    call = self._open(ch, self._gen())
+                    # each connection reads its own queue: a dead call's request iterator
+                    # must not swallow messages meant for the next one
+                    self._queue = asyncio.Queue()
+                    call = self._open(ch, self._gen(self._queue))
                     self.up = True
                     if backoff > 0.2:
                         log.info("link %s to %s is up again", self.name, self.address)

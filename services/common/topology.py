@@ -322,6 +322,12 @@ def parse_topology(data: Any, path: str) -> Topology:
     v.known(defaults, "defaults", {"dc", "scheduler"})
     dc_defaults = v.mapping(defaults.get("dc", {}) or {}, "defaults.dc")
     sched_defaults = v.mapping(defaults.get("scheduler", {}) or {}, "defaults.scheduler")
+    # validate the defaults where they are written, before they are merged anywhere
+    if dc_defaults:
+        _dc(v, {"name": "defaults", "ci": {"constant": 0}, **dc_defaults}, "defaults.dc", "",
+            {})
+    if sched_defaults:
+        _scheduler(v, sched_defaults, "defaults.scheduler", {})
     regions_raw = top.get("regions")
     if not isinstance(regions_raw, list) or not regions_raw:
         raise v.err("regions", "expected a non-empty list of regions")
@@ -414,7 +420,11 @@ def parse_topology(data: Any, path: str) -> Topology:
         matrix = load_rtt_matrix(ROOT / rtt_file) if rtt_file else load_rtt_matrix()
         rtt = dict(region_rtt({r.name: r.aws_region for r in regions}, matrix))
     except InvalidInput as exc:
-        raise v.err(exc.field, exc.message) from exc
+        key = exc.field
+        for i, r in enumerate(regions):  # regions.<name> -> the key as written in the file
+            if exc.field == f"regions.{r.name}":
+                key = f"regions[{i}].aws_region"
+        raise v.err(key, exc.message) from exc
     overrides = nm.get("rtt_ms", {}) or {}
     v.mapping(overrides, "network.rtt_ms")
     for pair, ms in overrides.items():
@@ -467,8 +477,11 @@ def build_ci(topo: Topology, dc: DcSpec) -> Any:
         raw = dict(raw)
         raw.setdefault("zone", dc.zone)
         raw.setdefault("start_hour", topo.ci_start_hour)
-    idx = [d.name for d in topo.dcs].index(dc.name)
-    key = f"dcs[{idx}].ci ({dc.name})"
+    key = f"{dc.name}.ci"
+    for i, r in enumerate(topo.regions):
+        for j, d in enumerate(r.dcs):
+            if d.name == dc.name:
+                key = f"regions[{i}].dcs[{j}].ci"
     return ci_source_from_config(raw, key, source=topo.path, base_dir=ROOT)
 
 

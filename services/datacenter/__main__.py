@@ -49,8 +49,9 @@ def main(argv: list[str] | None = None) -> int:
             from services.common.topology import build_datacenter, load_topology
 
             topo = load_topology(args.topology)
-            dc = build_datacenter(topo, args.dc)
             clock = WallClock(args.dilation or topo.dilation, args.epoch)
+            # energy counts from this process's start (a restarted DC starts afresh)
+            dc = build_datacenter(topo, args.dc, start_s=clock.now())
         else:
             cal = load_calibration(args.setup)
             cfg = DcConfig(

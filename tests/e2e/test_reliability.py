@@ -375,10 +375,6 @@ def test_dc_restart_rejoins(dc_kill: DcKill) -> None:
     assert len(back) >= 3, f"{len(back)} requests served by {VICTIM} after it rejoined"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "services/common/links.py StreamLink: the request-iterator task of the broken call stays "
-    "parked on the shared queue and swallows the first message sent on the reconnected call; "
-    "that request never reaches the DC and ends only at the loadgen's drain limit"))
 def test_dc_restart_loses_no_request(dc_kill: DcKill) -> None:
     late = [r for r in dc_kill.rows
             if r["state"] != "completed" and f(r, "emitted_s") >= dc_kill.kill_rel + 0.1]

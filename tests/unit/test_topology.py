@@ -231,10 +231,6 @@ def test_missing_name_in_topologies_dir() -> None:
     assert "no-such-topology-name" in str(err)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "services/common/topology.py merges defaults.dc / defaults.scheduler into every DC / "
-    "region before validating, so a fault in defaults is reported at regions[0].dcs[0].<key> "
-    "or regions[0].scheduler.<key>, a place where the key is not written"))
 @pytest.mark.parametrize(("mutate", "key"), [
     (lambda d: d["defaults"]["dc"].update(gpu="a100"), "defaults.dc.gpu"),
     (lambda d: d["defaults"]["dc"].update(nodes="x"), "defaults.dc.nodes"),
@@ -256,9 +252,6 @@ def test_fault_in_defaults_is_rejected(tmp_path: Path) -> None:
 
 # Errors raised by helpers the topology delegates to (RTT matrix, CI sources) must still
 # name the topology file and the key path in it.
-@pytest.mark.xfail(strict=True, reason=(
-    "unknown aws_region: services/common/topology.py re-raises region_rtt's InvalidInput with "
-    "key 'regions.<name>' instead of 'regions[i].aws_region'"))
 def test_unknown_aws_region(tmp_path: Path) -> None:
     path = write(tmp_path, mutated(lambda d: d["regions"][1].update(aws_region="mars-1")))
     text = str(load_error(path))
@@ -274,10 +267,6 @@ def test_unknown_aws_region_names_file_and_value(tmp_path: Path) -> None:
     assert "mars-1" in text and "eu-north-1" in text
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "unknown CI zone: services/common/carbon.py _build_trace does not wrap find_zone_trace's "
-    "ConfigError, so the error names data/carbon and the zone, not the topology file and "
-    "regions[i].dcs[j].ci"))
 def test_ci_trace_unknown_zone(tmp_path: Path) -> None:
     path = write(tmp_path, mutated(
         lambda d: d["regions"][1]["dcs"][0].update(ci={"trace": "auto", "zone": "XX-NOPE"})))
@@ -287,9 +276,6 @@ def test_ci_trace_unknown_zone(tmp_path: Path) -> None:
     assert "XX-NOPE" in text and "NL" in text  # the bad zone and the known ones
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "CI config errors: services/common/topology.py build_ci names the DC as "
-    "'dcs[<flat index>].ci (<name>)', not the key path regions[i].dcs[j].ci of the file"))
 @pytest.mark.parametrize("ci", [{"constant": -3}, {"solar": 3}], ids=["negative", "unknown-kind"])
 def test_bad_ci_config_key_path(tmp_path: Path, ci: dict[str, Any]) -> None:
     path = write(tmp_path, mutated(lambda d: d["regions"][1]["dcs"][0].update(ci=ci)))
