@@ -31,6 +31,8 @@ from services.datacenter.engine import FINISHED, FIRST_TOKEN, EngineEvent, Engin
 log = logging.getLogger("geoserve.datacenter")
 
 Sink = Callable[[pb.RequestEvent], None]
+# Largest gRPC hop (wall seconds) a sender's dispatch stamp may compensate for.
+TRANSPORT_COMP_S = 0.01
 
 
 @dataclass
@@ -69,18 +71,26 @@ class WallDcRuntime:
 
     # ---------------------------------------------------------------- submission
     def submit(self, request: pb.Request, sink: Sink | None) -> tuple[int, float]:
-        """Validate, route and enqueue; raises a domain error (the caller records it)."""
+        """Validate, route and enqueue; raises a domain error (the caller records it).
+
+        Transport compensation: a sender stamps ``timestamps.dc_arrival_s`` with the
+        emulated time it sent the request; the emulated network inside a region has no
+        delay, so the request counts as arrived then, provided the stamp lies within the
+        last ``TRANSPORT_COMP_S`` (the emulator's own gRPC hop is not part of the model).
+        """
         now = self.clock.now()
         _check_request(request)
-        ticket = _Ticket(request, sink, now)
+        sent = request.timestamps.dc_arrival_s
+        arrival = sent if now - TRANSPORT_COMP_S * self.clock.dilation <= sent <= now else now
+        ticket = _Ticket(request, sink, arrival)
         ereq = EngineRequest(
             id=request.id,
             isl_tokens=request.isl_tokens,
             osl_tokens=request.osl_tokens,
-            arrival_s=now,
+            arrival_s=arrival,
             payload=ticket,
         )
-        idx = self.dc.submit(ereq, request.model, now)
+        idx = self.dc.submit(ereq, request.model, arrival)
         ticket.engine = self.dc.engines[idx].name
         self._wake[idx].set()
         return idx, now
@@ -121,6 +131,8 @@ class WallDcRuntime:
                 wake.clear()
                 await wake.wait()
                 t = self.clock.now()
+                if eng.waiting:  # start from the (transport-compensated) arrival
+                    t = min(t, eng.waiting[0].arrival_s)
                 continue
             lateness = await self.clock.sleep_until(plan.end_s)
             self.dc.lateness.add(max(lateness, 0.0))

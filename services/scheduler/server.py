@@ -245,6 +245,11 @@ class SchedulerRuntime:
 
     def _to_dc(self, rid: str, dc: str) -> None:
         e = self.entries[rid]
+        ts = e.request.timestamps
+        now = self.clock.now()
+        if not e.origin and not self.core.batch and ts.forwarded_arrival_s:
+            now = min(now, ts.forwarded_arrival_s)  # dispatched on arrival from the peer
+        ts.dc_arrival_s = now  # dispatch stamp: the DC compensates the gRPC hop
         link = self.dc_links.get(dc)
         if link is not None and link.send(dpb.SubmitRequest(request=e.request)):
             return
