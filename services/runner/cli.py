@@ -31,6 +31,14 @@ def register(sub: Any) -> None:
                          description=__doc__)
     _add_common(run)
     run.add_argument("--dilation", type=float, default=None, help="time dilation factor k >= 1")
+    run.add_argument("--prometheus", action="store_true",
+                     help="also run a Prometheus server (prometheus on PATH) scraping every "
+                          "service into <out>/prom")
+    run.add_argument("--prometheus-port", type=int, default=0,
+                     help="Prometheus web port with --prometheus (default: a free port)")
+    run.add_argument("--linger", type=float, default=None,
+                     help="keep the services and their /metrics up this many wall seconds "
+                          "after the load (default 2 with --prometheus, else 0)")
     run.set_defaults(func=cmd_run)
     sim = sub.add_parser("sim", help="run a topology on the virtual clock (one process)")
     _add_common(sim)
@@ -71,12 +79,26 @@ def cmd_sim(args: argparse.Namespace) -> int:
         print(f"[{time.monotonic() - t0:6.1f}s wall | t={t:7.1f}s emulated] emitted {emitted} "
               f"finished {done}", flush=True)
 
-    run = SimRun(topo, charge_solver_time=not args.no_solver_time, progress=progress)
+    out.mkdir(parents=True, exist_ok=True)
+    run = SimRun(topo, charge_solver_time=not args.no_solver_time, progress=progress,
+                 metrics_csv=out / "metrics.csv")
     summary = run.run()
     write_outputs(out, run.records(), summary)
     print(format_table(summary))
     print(f"\nresults: {out}")
     return 0
+
+
+def _print_metrics(runner: Any, out: Path) -> None:
+    ports = runner.metrics_ports
+    if not ports:
+        return
+    listing = ", ".join(f"{job} :{port}" for job, port in ports.items())
+    print(f"metrics: http://127.0.0.1:PORT/metrics ({listing}); scrape config "
+          f"{out / 'prometheus.yml'}", flush=True)
+    if runner.prometheus:
+        print(f"prometheus: http://127.0.0.1:{runner.prometheus_port} "
+              f"(data in {out / 'prom'})", flush=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -93,7 +115,10 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"dilation {topo.dilation}; logs in {out / 'logs'}", flush=True)
     runner = LocalRun(topo, args.topology, out, policy=args.policy,
                       policy_config=args.policy_config, rate=args.rate,
-                      duration=args.duration, seed=args.seed)
+                      duration=args.duration, seed=args.seed, prometheus=args.prometheus,
+                      prometheus_port=args.prometheus_port,
+                      linger_s=args.linger if args.linger is not None
+                      else (2.0 if args.prometheus else 0.0))
 
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -104,6 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         runner.start()
         print(f"all services healthy after {time.monotonic() - t0:.1f} s", flush=True)
+        _print_metrics(runner, out)
         rc = runner.run_load()
     except KeyboardInterrupt:
         print("geoserve run: interrupted; stopping every service", file=sys.stderr)

@@ -6,6 +6,14 @@ epoch and dilation factor, so their emulated clocks agree. Teardown sends SIGTER
 SIGKILL to whatever is left; children also get SIGTERM if the runner itself dies
 (PR_SET_PDEATHSIG), so no process outlives a run — also on Ctrl-C or a crash.
 A service that dies during the run is reported; the run goes on (its requests end FAILED).
+
+Metrics: every process (load generator included) gets a free loopback port for its
+Prometheus ``/metrics``; ``<out>/prometheus.yml`` (one job per process, named like the
+compose services: ``dc-<dc>``, ``scheduler-<region>``, ``provisioner``, ``loadgen``) and
+``<out>/rules.yml`` are written before anything starts. With ``prometheus=True`` a real
+Prometheus server (``prometheus`` on PATH) scrapes the run into ``<out>/prom``;
+``linger_s`` keeps the services up that long after the load so the last scrapes see
+their final counters.
 """
 
 from __future__ import annotations
@@ -65,8 +73,13 @@ class LocalRun:
     duration: float | None = None
     seed: int | None = None
     startup_timeout_s: float = 60.0
+    metrics: bool = True
+    prometheus: bool = False
+    prometheus_port: int = 0
+    linger_s: float = 0.0        # keep services (and /metrics) up after the load, wall s
     procs: dict[str, Proc] = field(default_factory=dict)
     crashed: list[str] = field(default_factory=list)
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     def _spawn(self, p: Proc) -> None:
         assert p.log is not None
@@ -132,6 +145,8 @@ class LocalRun:
             )
         for p in self.procs.values():
             p.log = logs / f"{p.name.replace('/', '-')}.log"
+        if self.metrics:
+            self._metrics_setup()
         order = [p for p in self.procs.values() if p.name.startswith("dc/")]
         for p in order:
             self._spawn(p)
@@ -145,6 +160,37 @@ class LocalRun:
         self._monitor = threading.Thread(target=self._watch, daemon=True)
         self._stop_watch = threading.Event()
         self._monitor.start()
+
+    def _metrics_setup(self) -> None:
+        """A /metrics port per process, the scrape config, optionally Prometheus itself."""
+        from services.deploy.prometheus import recording_rules, render_prometheus_config
+
+        for p in [*self.procs.values(), Proc("loadgen", [])]:
+            job = p.name.replace("/", "-")
+            self.metrics_ports[job] = port = free_port()
+            p.args += ["--metrics-port", str(port), "--metrics-address", "127.0.0.1"]
+        targets = {job: [f"127.0.0.1:{port}"] for job, port in self.metrics_ports.items()}
+        (self.out_dir / "prometheus.yml").write_text(render_prometheus_config(targets))
+        (self.out_dir / "rules.yml").write_text(recording_rules())
+        if self.prometheus:
+            import shutil
+
+            binary = shutil.which("prometheus")
+            if binary is None:
+                raise Unavailable("--prometheus: no `prometheus` on PATH "
+                                  "(deploy/ensure-prometheus.sh installs it)")
+            self.prometheus_port = self.prometheus_port or free_port()
+            p = Proc("prometheus", [])
+            p.log = self.out_dir / "logs" / "prometheus.log"
+            with p.log.open("ab") as logf:
+                p.popen = subprocess.Popen(
+                    [binary, f"--config.file={self.out_dir / 'prometheus.yml'}",
+                     f"--storage.tsdb.path={self.out_dir / 'prom'}",
+                     f"--web.listen-address=127.0.0.1:{self.prometheus_port}"],
+                    stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+            self.procs["prometheus"] = p
 
     def _wait_all(self, procs: list[Proc]) -> None:
         with concurrent.futures.ThreadPoolExecutor(max_workers=8) as ex:
@@ -170,12 +216,18 @@ class LocalRun:
                           ("--seed", self.seed), ("--policy", self.policy)):
             if val is not None:
                 args += [flag, str(val)]
+        if "loadgen" in self.metrics_ports:
+            args += ["--metrics-port", str(self.metrics_ports["loadgen"]),
+                     "--metrics-address", "127.0.0.1"]
         del topo
         proc = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                 preexec_fn=_die_with_parent)
         self.procs["loadgen"] = Proc("loadgen", args, popen=proc)
-        return proc.wait()
+        rc = proc.wait()
+        if self.linger_s > 0:  # let a scraper see the final (idle) counters
+            time.sleep(self.linger_s)
+        return rc
 
     def stop(self) -> None:
         if getattr(self, "_stop_watch", None) is not None:

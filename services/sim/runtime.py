@@ -15,6 +15,11 @@ instead of gRPC and sleeps:
 
 After the load ends the run continues until every request has finished (or
 ``drain_limit_s`` has passed, after which the rest are recorded as failed).
+
+With ``metrics_csv`` the run also writes the services' Prometheus series (the same
+`services.common.metrics` objects the wall runtime serves) to CSV, sampled every
+provisioner period during the load, at the first event past each period while draining,
+and at the end.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -91,6 +97,59 @@ def dc_final(dc: Datacenter, now: float, start_s: float = 0.0) -> DcFinal:
     )
 
 
+class _SimMetrics:
+    """The services' metrics objects over the virtual runtime's cores, sampled to CSV."""
+
+    def __init__(self, run: SimRun, path: Path) -> None:
+        from services.common.metrics import (
+            DcMetrics,
+            LoadgenMetrics,
+            MetricsCsv,
+            SchedulerMetrics,
+        )
+
+        self.run = run
+        self.period_s = run.topo.provisioner.period_s
+        self.next_s = 0.0
+
+        def now() -> float:
+            return run.clock.now
+
+        self.dc = {n: DcMetrics() for n in run.dcs}
+        for n, m in self.dc.items():
+            m.attach(run.dcs[n], now)
+        self.sched = {r: SchedulerMetrics() for r in run.schedulers}
+        for r, sm in self.sched.items():
+            sm.attach(run.schedulers[r], now)
+        self.lg = LoadgenMetrics({r.name: run.schedulers[r.name].policy.name
+                                  for r in run.topo.regions})
+        self.lg.attach(now)
+        self.csv = MetricsCsv(path)
+
+    def completed(self, dc: str, row: RecordRow) -> None:
+        self.dc[dc].on_completed(row.first_token_s - row.scheduler_arrival_s, row.tpot_s,
+                                 row.completed_s - row.scheduler_arrival_s, row.queue_s,
+                                 row.isl_tokens, row.output_tokens)
+        self.lg.on_finished(row)
+
+    def schedule(self, end_s: float) -> None:
+        for k in range(int(end_s / self.period_s) + 1):
+            self.run.clock.call_at(k * self.period_s, self.sample)
+
+    def sample(self) -> None:
+        now = self.run.clock.now
+        self.csv.sample(now, [*self.dc.values(), *self.sched.values(), self.lg])
+        self.next_s = now + self.period_s
+
+    def maybe_sample(self) -> None:
+        if self.run.clock.now >= self.next_s:
+            self.sample()
+
+    def close(self) -> None:
+        self.sample()
+        self.csv.close()
+
+
 @dataclass
 class _Req:
     plan: PlannedRequest
@@ -105,6 +164,7 @@ class SimRun:
         charge_solver_time: bool = True,
         drain_limit_s: float = 600.0,
         progress: Progress | None = None,
+        metrics_csv: Path | None = None,
     ) -> None:
         self.topo = topo
         self.clock = VirtualClock(0.0)
@@ -140,6 +200,7 @@ class SimRun:
         self.wall_s = 0.0
         self._occ_sum = 0.0
         self._occ_n = 0
+        self._m = _SimMetrics(self, metrics_csv) if metrics_csv is not None else None
 
     # ---------------------------------------------------------------- load
     def _emit(self, p: PlannedRequest) -> None:
@@ -152,6 +213,8 @@ class SimRun:
         )
         self.reqs[p.id] = _Req(p, row)
         self.emitted.append(p.id)
+        if self._m is not None:
+            self._m.lg.on_emitted(p.origin_region)
         self.in_flight += 1
         view = RequestView(
             id=p.id, model=p.model, isl_tokens=p.isl_tokens, osl_tokens=p.osl_tokens,
@@ -183,6 +246,8 @@ class SimRun:
             row = r.row
             delay = d.decision_s if self.charge else 0.0
             if region == row.origin_region and math.isnan(row.decided_s):
+                if self._m is not None:
+                    self._m.sched[region].on_decision(d)
                 row.decided_s = now + delay
                 row.decision_s = d.decision_s
                 row.fallback = d.fallback
@@ -247,6 +312,8 @@ class SimRun:
                 row.queue_s = f.queue_s
                 row.state = COMPLETED
                 self.in_flight -= 1
+                if self._m is not None:
+                    self._m.completed(dc, row)
 
         return sink
 
@@ -258,6 +325,8 @@ class SimRun:
         row.reason = reason
         row.status_code = code
         self.in_flight -= 1
+        if self._m is not None:
+            self._m.lg.on_finished(row)
 
     # ---------------------------------------------------------------- provisioner
     def _poll(self, names: list[str], broadcast: bool) -> None:
@@ -304,6 +373,8 @@ class SimRun:
             self.clock.call_at(p.t_s, self._emit, p)
         horizon = duration + self.drain_limit_s
         self._schedule_polls(duration)
+        if self._m is not None:
+            self._m.schedule(duration)
         step = max(duration / 10, 1.0)
         t = 0.0
         while t < duration:
@@ -317,11 +388,15 @@ class SimRun:
             if nxt is None or nxt > horizon:
                 break
             self.clock.run(until=nxt)  # event by event: the run ends at the last completion
+            if self._m is not None:
+                self._m.maybe_sample()
         end = self.clock.now
         if self.in_flight > 0:
             for rid in self.emitted:
                 self._finish_failed(rid, FAILED, "run ended before the request finished",
                                     "DEADLINE_EXCEEDED")
+        if self._m is not None:
+            self._m.close()
         self.end_s = end
         self.wall_s = time.perf_counter() - t_wall
         return self.summary()
