@@ -9,7 +9,7 @@ TOPOLOGY ?= topologies/small.yaml
 POLICY ?= round-robin
 PYTEST_ARGS ?=
 
-.PHONY: all venv proto proto-check lint typecheck test test-fast run bench clean help
+.PHONY: all venv proto proto-check lint typecheck test test-fast run bench clean help deps-system
 
 help:
 	@echo "make run    - set up and run the default emulated topology end to end"
@@ -43,7 +43,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check services tests bench
 	$(BIN)/mypy services
 
-test: $(STAMP) proto-check lint
+# Real components the tests exercise: a Prometheus server and a Docker engine (installed
+# and started here when missing; both scripts are idempotent).
+deps-system:
+	bash deploy/ensure-prometheus.sh
+	bash deploy/setup-docker.sh
+
+test: $(STAMP) proto-check lint deps-system
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
