@@ -1,0 +1,197 @@
+"""The compose deployment for real: image build, ``docker compose up``, a load, teardown.
+
+Starts a Docker engine when none runs (``deploy/setup-docker.sh``: installs docker.io,
+docker-compose and debootstrap where missing; skips only when Docker cannot be had at
+all), builds the image offline (``deploy/build-image.sh --offline --prometheus``: a
+debootstrap base reused when present, a host wheelhouse, a local Prometheus image from
+the Debian package), brings up the committed ``docker-compose.yml`` (topology small,
+a 20 s load, Prometheus, no Grafana) under a project of its own, and checks that
+
+* the load generator exits 0 and its ``summary.json`` accounts for every request, with
+  completed requests;
+* Prometheus, queried from the host on its published loopback port, scraped every
+  GeoServe container (``up`` reached 1 for each job; the long-running ones are up now);
+* ``geoserve swap-scheduler`` replaces a region's scheduler (same network alias, new
+  policy) and the new container is healthy;
+* ``down`` leaves no container, network or volume of the project behind.
+
+Set ``GEOSERVE_COMPOSE_ONLINE=1`` to build from the pinned registry images instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from services.common.topology import load_topology
+
+pytestmark = [pytest.mark.docker]
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPOLOGY = ROOT / "topologies/small.yaml"
+LOAD_S = 20
+LOCAL_PROMETHEUS = "geoserve/prometheus:local"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _sh(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
+        check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}:\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def _compose_cmd() -> list[str]:
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    pytest.fail("neither docker-compose nor the compose plugin is installed")
+
+
+@pytest.fixture(scope="module")
+def docker_engine() -> None:
+    setup = subprocess.run(["bash", "deploy/setup-docker.sh"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=600)
+    if setup.returncode != 0:
+        if shutil.which("docker") is None and shutil.which("apt-get") is None:
+            pytest.skip(f"Docker cannot be installed here: {setup.stderr.strip()}")
+        pytest.fail(f"deploy/setup-docker.sh failed:\n{setup.stderr}")
+    print(setup.stderr.strip())
+
+
+def _container(project: str, service: str) -> dict:
+    ids = _sh(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}",
+               "--filter", f"label=com.docker.compose.service={service}"], 30).stdout.split()
+    assert len(ids) == 1, f"{service}: {ids}"
+    return json.loads(_sh(["docker", "inspect", ids[0]], 30).stdout)[0]
+
+
+def _prom(port: int, query: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=10) as r:
+        body = json.load(r)
+    assert body["status"] == "success", body
+    return list(body["data"]["result"])
+
+
+def test_compose_up_load_scrape_swap_down(docker_engine, tmp_path):
+    t_start = time.monotonic()
+    online = os.environ.get("GEOSERVE_COMPOSE_ONLINE") == "1"
+    build = ["bash", "deploy/build-image.sh"] + ([] if online else ["--offline", "--prometheus"])
+    _sh(build, timeout=540)
+    t_built = time.monotonic()
+    print(f"images built in {t_built - t_start:.0f} s")
+
+    project = f"geoservetest{os.getpid()}"
+    results = tmp_path / "results"
+    results.mkdir()
+    results.chmod(0o777)  # the load generator runs as uid 10001
+    prom_port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
+    env.update({
+        "COMPOSE_PROJECT_NAME": project,
+        "RESULTS_DIR": str(results),
+        "PROMETHEUS_PORT": str(prom_port),
+        "LOADGEN_ARGS": f"--duration {LOAD_S}",
+    })
+    if not online:
+        env["PROMETHEUS_IMAGE"] = LOCAL_PROMETHEUS
+    compose = [*_compose_cmd(), "-p", project, "-f", str(ROOT / "docker-compose.yml")]
+    topo = load_topology(TOPOLOGY)
+    geoserve_services = ([f"dc-{d.name}" for d in topo.dcs]
+                         + [f"scheduler-{r.name}" for r in topo.regions]
+                         + ["provisioner", "loadgen"])
+    try:
+        _sh([*compose, "config", "-q"], 60, env)
+        _sh([*compose, "up", "-d"], 300, env)
+        t_up = time.monotonic()
+        print(f"compose up (healthy start order) in {t_up - t_built:.0f} s")
+
+        deadline = time.monotonic() + LOAD_S + 180
+        while True:
+            state = _container(project, "loadgen")["State"]
+            if state["Status"] == "exited":
+                break
+            assert time.monotonic() < deadline, "the load generator did not finish"
+            time.sleep(2)
+        logs = _sh([*compose, "logs", "--no-color", "loadgen"], 60, env).stdout
+        assert state["ExitCode"] == 0, logs[-3000:]
+        print(f"load run finished in {time.monotonic() - t_up:.0f} s")
+
+        summary = json.loads((results / "summary.json").read_text())
+        rq = summary["requests"]
+        assert rq["emitted"] == rq["completed"] + rq["rejected"] + rq["failed"], rq
+        assert rq["emitted"] > 0 and rq["completed"] > 0, rq
+        assert (results / "records.csv").stat().st_size > 0
+        assert summary["energy_j"]["total"] > 0
+        assert set(summary["carbon_g"]["per_dc"]) == {d.name for d in topo.dcs}
+
+        # Prometheus scraped every container while it ran
+        ever = {r["metric"]["job"]: float(r["value"][1])
+                for r in _prom(prom_port, "max_over_time(up[10m])")}
+        assert set(geoserve_services) <= set(ever), ever
+        assert all(ever[s] == 1.0 for s in geoserve_services), ever
+        now = {r["metric"]["job"]: float(r["value"][1]) for r in _prom(prom_port, "up")}
+        assert all(now[s] == 1.0 for s in geoserve_services if s != "loadgen"), now
+        # ... and got GeoServe's own metrics from each
+        url = (f"http://127.0.0.1:{prom_port}/api/v1/series?" + urllib.parse.urlencode(
+            {"match[]": '{__name__=~"geoserve_.+"}', "start": f"{time.time() - 900:.0f}"}))
+        with urllib.request.urlopen(url, timeout=10) as r:
+            jobs = {s["job"] for s in json.load(r)["data"]}
+        assert set(geoserve_services) <= jobs, jobs
+
+        # Grafana stayed out (its profile was not enabled)
+        assert not _sh(["docker", "ps", "-aq", "--filter",
+                        f"label=com.docker.compose.project={project}", "--filter",
+                        "label=com.docker.compose.service=grafana"], 30).stdout.strip()
+
+        # swap one region's scheduler: same alias and command, new policy, healthy
+        region = topo.regions[0].name
+        before = _container(project, f"scheduler-{region}")
+        image = before["Config"]["Image"]
+        swap = _sh([sys.executable, "-m", "services.cli", "swap-scheduler", "--region", region,
+                    "--image", image, "--policy", "greedy", "--project", project,
+                    "--file", str(ROOT / "docker-compose.yml"), "--timeout", "90"], 150, env)
+        after = _container(project, f"scheduler-{region}")
+        assert after["Id"] != before["Id"] and after["Name"] == before["Name"]
+        assert after["State"]["Health"]["Status"] == "healthy", swap.stdout
+        assert "GEOSERVE_POLICY=greedy" in after["Config"]["Env"]
+        assert after["Config"]["Cmd"] == before["Config"]["Cmd"]
+        nets = after["NetworkSettings"]["Networks"]
+        assert any(f"scheduler-{region}" in (n.get("Aliases") or []) for n in nets.values())
+        print(f"scheduler swapped in {time.monotonic() - t_up:.0f} s after up")
+    except BaseException:
+        tail = _sh([*compose, "logs", "--no-color", "--tail", "40"], 60, env, check=False)
+        print(tail.stdout[-8000:])
+        raise
+    finally:
+        _sh([*compose, "down", "-v", "--remove-orphans", "-t", "20"], 180, env, check=False)
+        left = _sh(["docker", "ps", "-aq", "--filter",
+                    f"label=com.docker.compose.project={project}"], 30).stdout.split()
+        nets = _sh(["docker", "network", "ls", "-q", "--filter",
+                    f"label=com.docker.compose.project={project}"], 30).stdout.split()
+        vols = _sh(["docker", "volume", "ls", "-q", "--filter",
+                    f"label=com.docker.compose.project={project}"], 30).stdout.split()
+        print(f"compose test took {time.monotonic() - t_start:.0f} s in all")
+    assert not left, f"containers left behind: {left}"
+    assert not nets, f"networks left behind: {nets}"
+    assert not vols, f"volumes left behind: {vols}"
