@@ -37,6 +37,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+from wsgiref.simple_server import WSGIServer
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -107,18 +108,21 @@ def metrics_port(flag: int | None, env: dict[str, str] | None = None) -> int:
 
 
 def serve_metrics(registry: CollectorRegistry, flag_port: int | None,
-                  flag_address: str | None, component: str) -> int:
-    """Start the /metrics HTTP server (a daemon thread) when a port is set; returns it."""
+                  flag_address: str | None, component: str) -> WSGIServer | None:
+    """Start the /metrics HTTP server (a daemon thread) when a port is set.
+
+    Returns the server (``shutdown()`` stops it), or None when metrics are disabled.
+    """
     port = metrics_port(flag_port)
     if not port:
-        return 0
+        return None
     addr = flag_address or os.environ.get(METRICS_ADDR_ENV) or "0.0.0.0"
     try:
-        prometheus_client.start_http_server(port, addr=addr, registry=registry)
+        server, _ = prometheus_client.start_http_server(port, addr=addr, registry=registry)
     except OSError as exc:
         raise InvalidInput("--metrics-port", f"cannot listen on {addr}:{port}: {exc}") from None
     log.info("%s metrics on http://%s:%d/metrics", component, addr, port)
-    return port
+    return server
 
 
 class StateCollector(Collector):
@@ -207,7 +211,7 @@ def _clock_families(f: _Families, component: str, now: float, dilation: float) -
     f.out.append(_single(GaugeMetricFamily, "geoserve_emulated_time_seconds",
                          "Emulated clock of this process (seconds since the run's epoch).",
                          comp, now))
-    f.out.append(_single(GaugeMetricFamily, "geoserve_time_dilation_ratio",
+    f.out.append(_single(GaugeMetricFamily, "geoserve_dilation_ratio",
                          "Wall seconds per emulated second (time dilation factor k).",
                          comp, dilation))
 
@@ -297,9 +301,9 @@ class DcMetrics:
         f = _Families({"dc": name, "region": region, "model": model})
         n = c.engines
         f.gauge("geoserve_dc_engines", "Engines (model replicas) in the DC.", n)
-        f.gauge("geoserve_dc_requests_running",
+        f.gauge("geoserve_dc_running_requests",
                 "Requests in the running batches of all engines.", c.active_batch * n)
-        f.gauge("geoserve_dc_requests_waiting",
+        f.gauge("geoserve_dc_waiting_requests",
                 "Requests waiting in the engine queues.", c.waiting_requests * n)
         f.gauge("geoserve_dc_queue_tokens",
                 "Prompt tokens still to prefill (waiting and chunked), all engines.",
@@ -360,8 +364,8 @@ class DcMetrics:
         if c.per_engine:
             names = [eng.name for eng in dc.engines]
             for key, metric, doc in (
-                ("running", "geoserve_engine_requests_running", "Requests in the batch."),
-                ("waiting", "geoserve_engine_requests_waiting", "Requests in the queue."),
+                ("running", "geoserve_engine_running_requests", "Requests in the batch."),
+                ("waiting", "geoserve_engine_waiting_requests", "Requests in the queue."),
                 ("kv_occupancy_ratio", "geoserve_engine_kv_cache_usage_ratio",
                  "KV-cache occupancy (0-1)."),
                 ("prefill_duty_ratio", "geoserve_engine_prefill_duty_ratio",
@@ -461,7 +465,7 @@ class SchedulerMetrics:
         f.counter("geoserve_scheduler_windows", "Scheduling windows decided.", st.windows)
         f.gauge("geoserve_scheduler_window_open_requests", "Requests in the open window.",
                 len(core.window) + len(core.forward_window))
-        f.gauge("geoserve_scheduler_requests_in_flight",
+        f.gauge("geoserve_scheduler_in_flight_requests",
                 "Requests this scheduler is tracking (origin and forwarded-in).",
                 self._in_flight())
         _clock_families(f, "scheduler", now, self.dilation)

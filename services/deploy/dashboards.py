@@ -138,8 +138,8 @@ def _slo_carbon() -> list[tuple[str, list[P]]]:
                 f"sum by (component) (rate(geoserve_dc_energy_joules_total[{RI}]))",
                 "{{component}}"),), "watt"),
             P("Running and waiting requests per DC", (
-                Q("geoserve_dc_requests_running", "running {{dc}}"),
-                Q("geoserve_dc_requests_waiting", "waiting {{dc}}")), "none"),
+                Q("geoserve_dc_running_requests", "running {{dc}}"),
+                Q("geoserve_dc_waiting_requests", "waiting {{dc}}")), "none"),
         ]),
     ]
 
@@ -175,7 +175,7 @@ def _scheduler() -> list[tuple[str, list[P]]]:
             P("Snapshot age at the scheduler", (Q(
                 "geoserve_scheduler_snapshot_age_seconds", "{{region}}"),), "s"),
             P("Requests in flight at the scheduler", (Q(
-                "geoserve_scheduler_requests_in_flight", "{{region}}"),), "none"),
+                "geoserve_scheduler_in_flight_requests", "{{region}}"),), "none"),
         ]),
     ]
 
