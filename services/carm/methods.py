@@ -22,7 +22,7 @@ from services.common.errors import InvalidInput
 @dataclass(frozen=True)
 class MethodConfig:
     carbon_budget_g: float | None = None
-    carbon_budget_fraction: float = 0.2
+    carbon_budget_fraction: float = 0.05
     power_cap_w: float | None = None
     power_cap_fraction: float = 0.6
     w_inf: float = 0.5
