@@ -52,6 +52,7 @@ import numpy.typing as npt
 from services.carm.models import FloatArray, IntArray
 from services.carm.problem import Instance, Plan, SolveInfo, Tables, tables
 from services.common.errors import InvalidInput
+from services.common.highs import new_highs
 
 KWH_J = 3.6e6
 BoolArray = npt.NDArray[np.bool_]
@@ -142,8 +143,7 @@ class _Model:
         lp.integrality_ = [
             highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous for b in integ
         ]
-        hs = highspy.Highs()
-        hs.setOptionValue("output_flag", False)
+        hs = new_highs()
         hs.setOptionValue("time_limit", float(opts.time_limit_s))
         hs.setOptionValue("mip_rel_gap", float(opts.mip_rel_gap))
         hs.setOptionValue("random_seed", 0)

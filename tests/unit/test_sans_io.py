@@ -29,6 +29,14 @@ RUNTIME_MODULES = {
     "services/runner/cli.py",         # geoserve run / sim
     "services/runner/local.py",       # processes on loopback
     "services/sim/runtime.py",        # virtual runtime: measures solver time, charges it
+    "services/common/metrics.py",     # Prometheus registry and HTTP exposition
+    "services/common/healthprobe.py",  # gRPC health probe (container health checks)
+    "services/sweep/run.py",          # worker processes of a sweep
+    "services/sweep/cli.py",          # geoserve sweep (spawns geoserve run)
+    "services/sweep/report.py",       # report writing
+    "services/deploy/swap.py",        # Docker SDK
+    "services/deploy/compose.py",     # compose file generation
+    "services/deploy/cli.py",
 }
 RUNTIME_NAMES = {"server.py", "__main__.py"}
 
