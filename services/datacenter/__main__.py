@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = build_parser().parse_args(argv)
-    from services.common.metrics import DcMetrics, serve_metrics
+    from services.common.metrics import DcMetrics, metrics_port, serve_metrics
     from services.datacenter.dc import Datacenter
     from services.datacenter.server import serve
 
@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             clock = WallClock(args.dilation or 1.0, args.epoch)
             dc = Datacenter(cfg, cal, FixedCI(args.ci), start_s=clock.now())
-        metrics = DcMetrics()
-        serve_metrics(metrics.registry, args.metrics_port, args.metrics_address, "datacenter")
+        metrics = DcMetrics() if metrics_port(args.metrics_port) else None
+        if metrics is not None:
+            serve_metrics(metrics.registry, args.metrics_port, args.metrics_address, "datacenter")
         asyncio.run(serve(dc, address, clock, args.drain_grace, metrics=metrics))
     except GeoServeError as exc:
         print(f"datacenter: error: {exc}", file=sys.stderr)

@@ -16,7 +16,12 @@ from geoserve.v1 import common_pb2 as pb
 
 from services.common.clock import WallClock
 from services.common.errors import GeoServeError, InvalidInput
-from services.common.metrics import ProvisionerMetrics, add_metrics_args, serve_metrics
+from services.common.metrics import (
+    ProvisionerMetrics,
+    add_metrics_args,
+    metrics_port,
+    serve_metrics,
+)
 from services.provisioner.core import DcInfo, ProvisionerCore
 from services.provisioner.server import WallProvisioner, serve
 
@@ -93,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
             mode=args.mode or topo.provisioner.mode,
             start_s=clock.now(),
         )
-        metrics = ProvisionerMetrics()
-        serve_metrics(metrics.registry, args.metrics_port, args.metrics_address, "provisioner")
+        metrics = ProvisionerMetrics() if metrics_port(args.metrics_port) else None
+        if metrics is not None:
+            serve_metrics(metrics.registry, args.metrics_port, args.metrics_address, "provisioner")
         asyncio.run(_run(core, clock, addrs, args.poll_timeout, address, args.stop_grace,
                          metrics))
     except GeoServeError as exc:

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from services.common.clock import WallClock
     from services.common.grpcutil import parse_addr_map
-    from services.common.metrics import SchedulerMetrics, serve_metrics
+    from services.common.metrics import SchedulerMetrics, metrics_port, serve_metrics
     from services.common.topology import load_topology
     from services.scheduler.server import SchedulerRuntime, serve
 
@@ -73,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         peers = parse_addr_map(args.peers, "--peers")
         address = args.address or f"[::]:{os.environ.get('PORT', '50052')}"
         clock = WallClock(args.dilation or topo.dilation, args.epoch)
-        metrics = SchedulerMetrics()
-        serve_metrics(metrics.registry, args.metrics_port, args.metrics_address, "scheduler")
+        metrics = SchedulerMetrics() if metrics_port(args.metrics_port) else None
+        if metrics is not None:
+            serve_metrics(metrics.registry, args.metrics_port, args.metrics_address, "scheduler")
 
         async def run() -> None:
             rt = SchedulerRuntime(topo, region, clock, peers, dcs, args.provisioner or None)
