@@ -12,6 +12,12 @@ Rules
 * Carbon intensity per DC: ``{constant: g}`` or an hourly Electricity Maps trace
   (``{trace: auto|path, zone: NL, start_hour: ...}``); ``ci_start_hour`` at the top level is
   the default start hour of every trace.
+* ``carm:`` (optional, paper 2 in the emulator) configures the CA-RM controller: slot length
+  and horizon, formulation (only ``performance``, Problem 2, is supported by the live
+  controller), renewable emission factor, the hour of the renewable trace day at emulated
+  t = 0, and per DC (a value for all DCs, overridden under ``carm.dcs.<name>``) the PV and
+  wind peak power and the training cluster (nodes and a job set). Absent: ``Topology.carm``
+  is None and nothing changes.
 * CLI overrides (policy, rate, duration, dilation) return a new frozen `Topology`.
 """
 
@@ -90,6 +96,59 @@ class ProvisionerSpec:
 
 
 @dataclass(frozen=True)
+class CarmJobSpec:
+    """One deferrable training job; times in emulated seconds from the run's start."""
+
+    model: str
+    epochs: float
+    arrival_s: float
+    deadline_s: float
+
+
+@dataclass(frozen=True)
+class CarmTrainingSpec:
+    """A DC's training cluster: explicit ``jobs``, or ``count`` jobs drawn from ``workload``
+    (a mix of ``data/carm/workloads.yaml``) with epochs x ``epochs_scale``, arrival uniform in
+    ``arrival_s`` and deadline = arrival + uniform in ``deadline_s``."""
+
+    nodes: int = 0
+    workload: str = "light"
+    count: int = 0
+    epochs_scale: float = 0.05
+    arrival_s: tuple[float, float] = (0.0, 0.0)
+    deadline_s: tuple[float, float] = (3600.0, 7200.0)
+    jobs: tuple[CarmJobSpec, ...] = ()
+    max_workers_per_job: int = 8
+
+
+@dataclass(frozen=True)
+class CarmDcSpec:
+    dc: str
+    pv_peak_w: float = 0.0        # PV nameplate (W at 1000 W/m2), scaled from the site trace
+    wind_peak_w: float = 0.0      # wind farm rating (W), scaled from the ENTSO-E trace
+    trace_start_hour: float = 0.0  # hour of the renewable trace day at emulated t = 0
+    training: CarmTrainingSpec = field(default_factory=CarmTrainingSpec)
+
+
+@dataclass(frozen=True)
+class CarmSpec:
+    slot_s: float = 900.0
+    horizon_slots: int = 8
+    formulation: str = "performance"
+    renewable_g_per_kwh: float = 50.0   # paper 2 Table 1, solar PV 0.05 g/Wh
+    forecast: str = "persistence"       # persistence | ewma (load forecast)
+    ewma_alpha: float = 0.5
+    time_limit_s: float = 5.0           # HiGHS limit per DC per slot
+    dcs: tuple[CarmDcSpec, ...] = ()
+
+    def dc(self, name: str) -> CarmDcSpec:
+        for d in self.dcs:
+            if d.dc == name:
+                return d
+        raise InvalidInput("carm.dcs", f"no CA-RM settings for DC {name!r}")
+
+
+@dataclass(frozen=True)
 class Topology:
     name: str
     path: str
@@ -102,6 +161,7 @@ class Topology:
     rtt_s: Mapping[tuple[str, str], float]
     ci_start_hour: Any = 0
     faithful_lateness_s: float = 0.005
+    carm: CarmSpec | None = None
 
     @property
     def dcs(self) -> tuple[DcSpec, ...]:
@@ -310,6 +370,127 @@ def _dc(v: _V, raw: Any, key: str, region: str, defaults: Mapping[str, Any]) -> 
     )
 
 
+CARM_FORMULATIONS = ("performance",)  # the live controller solves Problem 2 only
+
+
+def _range(v: _V, m: Mapping[str, Any], key: str, full: str,
+           default: tuple[float, float]) -> tuple[float, float]:
+    r = m.get(key, list(default))
+    if isinstance(r, bool) or isinstance(r, int | float):
+        r = [r, r]
+    if (not isinstance(r, list) or len(r) != 2
+            or any(isinstance(x, bool) or not isinstance(x, int | float) for x in r)
+            or not 0 <= r[0] <= r[1]):
+        raise v.err(full, f"expected a number or [lo, hi] with 0 <= lo <= hi, got {r!r}")
+    return float(r[0]), float(r[1])
+
+
+def _carm_training(v: _V, m: Mapping[str, Any], key: str) -> CarmTrainingSpec:
+    v.known(m, key, {"nodes", "workload", "jobs", "epochs_scale", "arrival_s", "deadline_s",
+                     "max_workers_per_job"})
+    from services.carm.profiles import load_profiles
+    from services.carm.workload import load_workloads
+
+    workloads = load_workloads()["workloads"]
+    workload = v.text(m, "workload", f"{key}.workload", "light")
+    if workload not in workloads:
+        raise v.err(f"{key}.workload", f"unknown workload; known: {sorted(workloads)}")
+    raw_jobs = m.get("jobs", 0)
+    jobs: list[CarmJobSpec] = []
+    count = 0
+    if isinstance(raw_jobs, list):
+        models = load_profiles().models
+        for i, jr in enumerate(raw_jobs):
+            jk = f"{key}.jobs[{i}]"
+            jm = v.mapping(jr, jk)
+            v.known(jm, jk, {"model", "epochs", "arrival_s", "deadline_s"})
+            model = v.text(jm, "model", f"{jk}.model")
+            if model not in models or models[model].training is None:
+                trainable = sorted(n for n, p in models.items() if p.training is not None)
+                raise v.err(f"{jk}.model", f"no training profile; known: {trainable}")
+            arrival = v.num(jm, "arrival_s", f"{jk}.arrival_s", 0.0, lo=0.0)
+            deadline = v.num(jm, "deadline_s", f"{jk}.deadline_s")
+            if deadline <= arrival:
+                raise v.err(f"{jk}.deadline_s", f"expected > arrival_s ({arrival}), got {deadline}")
+            jobs.append(CarmJobSpec(model, v.num(jm, "epochs", f"{jk}.epochs", lo=0.0,
+                                                 strict_lo=True), arrival, deadline))
+    else:
+        count = v.integer(m, "jobs", f"{key}.jobs", 0, lo=0)
+    dl = _range(v, m, "deadline_s", f"{key}.deadline_s", (3600.0, 7200.0))
+    if dl[0] <= 0:
+        raise v.err(f"{key}.deadline_s", f"expected deadlines > 0 s after arrival, got {dl[0]}")
+    nodes = v.integer(m, "nodes", f"{key}.nodes", 0, lo=0)
+    if (count or jobs) and nodes == 0:
+        raise v.err(f"{key}.nodes", "expected an integer >= 1 when the DC has training jobs")
+    return CarmTrainingSpec(
+        nodes=nodes,
+        workload=workload,
+        count=count,
+        epochs_scale=v.num(m, "epochs_scale", f"{key}.epochs_scale", 0.05, lo=0.0,
+                           strict_lo=True),
+        arrival_s=_range(v, m, "arrival_s", f"{key}.arrival_s", (0.0, 0.0)),
+        deadline_s=dl,
+        jobs=tuple(jobs),
+        max_workers_per_job=v.integer(m, "max_workers_per_job", f"{key}.max_workers_per_job",
+                                      8, lo=1),
+    )
+
+
+def _carm(v: _V, raw: Any, dc_names: list[str]) -> CarmSpec:
+    """The optional ``carm:`` section; every DC gets the shared values unless overridden."""
+    m = v.mapping(raw, "carm")
+    v.known(m, "carm", {"slot_s", "horizon_slots", "formulation", "renewable_g_per_kwh",
+                        "trace_start_hour", "forecast", "ewma_alpha", "time_limit_s",
+                        "renewables", "training", "dcs"})
+    form = m.get("formulation", "performance")
+    if form not in CARM_FORMULATIONS:
+        raise v.err("carm.formulation", f"expected one of {list(CARM_FORMULATIONS)} (the live "
+                    f"controller solves Problem 2 only; 'carbon' and 'ppc' run offline in "
+                    f"`geoserve carm simulate`), got {form!r}")
+    ren = v.mapping(m.get("renewables", {}) or {}, "carm.renewables")
+    v.known(ren, "carm.renewables", {"pv_peak_w", "wind_peak_w"})
+    train = v.mapping(m.get("training", {}) or {}, "carm.training")
+    start = v.num(m, "trace_start_hour", "carm.trace_start_hour", 0.0, lo=0.0)
+    if start >= 24:
+        raise v.err("carm.trace_start_hour", f"expected an hour in [0, 24), got {start}")
+    per = v.mapping(m.get("dcs", {}) or {}, "carm.dcs")
+    for name in per:
+        if name not in dc_names:
+            raise v.err(f"carm.dcs.{name}", f"unknown DC; known: {dc_names}")
+    dcs: list[CarmDcSpec] = []
+    for name in dc_names:
+        key = f"carm.dcs.{name}"
+        o = v.mapping(per.get(name, {}) or {}, key)
+        v.known(o, key, {"renewables", "training", "trace_start_hour"})
+        r = {**ren, **v.mapping(o.get("renewables", {}) or {}, f"{key}.renewables")}
+        rk = f"{key}.renewables" if "renewables" in o else "carm.renewables"
+        v.known(r, rk, {"pv_peak_w", "wind_peak_w"})
+        t = {**train, **v.mapping(o.get("training", {}) or {}, f"{key}.training")}
+        tk = f"{key}.training" if "training" in o else "carm.training"
+        dstart = v.num(o, "trace_start_hour", f"{key}.trace_start_hour", start, lo=0.0)
+        if dstart >= 24:
+            raise v.err(f"{key}.trace_start_hour", f"expected an hour in [0, 24), got {dstart}")
+        dcs.append(CarmDcSpec(
+            dc=name,
+            pv_peak_w=v.num(r, "pv_peak_w", f"{rk}.pv_peak_w", 0.0, lo=0.0),
+            wind_peak_w=v.num(r, "wind_peak_w", f"{rk}.wind_peak_w", 0.0, lo=0.0),
+            trace_start_hour=dstart,
+            training=_carm_training(v, t, tk),
+        ))
+    return CarmSpec(
+        slot_s=v.num(m, "slot_s", "carm.slot_s", 900.0, lo=0.0, strict_lo=True),
+        horizon_slots=v.integer(m, "horizon_slots", "carm.horizon_slots", 8, lo=1),
+        formulation=str(form),
+        renewable_g_per_kwh=v.num(m, "renewable_g_per_kwh", "carm.renewable_g_per_kwh", 50.0,
+                                  lo=0.0),
+        forecast=v.text(m, "forecast", "carm.forecast", "persistence", ("persistence", "ewma")),
+        ewma_alpha=v.num(m, "ewma_alpha", "carm.ewma_alpha", 0.5, lo=0.0, hi=1.0,
+                         strict_lo=True),
+        time_limit_s=v.num(m, "time_limit_s", "carm.time_limit_s", 5.0, lo=0.0, strict_lo=True),
+        dcs=tuple(dcs),
+    )
+
+
 def parse_topology(data: Any, path: str) -> Topology:
     """Validate a parsed topology mapping; errors name `path` and the key path."""
     from services.common.rtt import load_rtt_matrix, region_rtt
@@ -317,7 +498,7 @@ def parse_topology(data: Any, path: str) -> Topology:
     v = _V(path)
     top = v.mapping(data, "")
     v.known(top, "", {"name", "description", "regions", "slo", "provisioner", "load",
-                      "emulation", "network", "defaults", "ci_start_hour"})
+                      "emulation", "network", "defaults", "ci_start_hour", "carm"})
     defaults = v.mapping(top.get("defaults", {}) or {}, "defaults")
     v.known(defaults, "defaults", {"dc", "scheduler"})
     dc_defaults = v.mapping(defaults.get("dc", {}) or {}, "defaults.dc")
@@ -446,6 +627,8 @@ def parse_topology(data: Any, path: str) -> Topology:
         rtt_s=rtt,
         ci_start_hour=top.get("ci_start_hour", 0),
         faithful_lateness_s=faithful,
+        carm=_carm(v, top["carm"], [d.name for r in regions for d in r.dcs])
+        if top.get("carm") is not None else None,
     )
     for d in topo.dcs:  # build every CI source once so bad traces fail at load time
         build_ci(topo, d)
@@ -502,5 +685,6 @@ def build_datacenter(topo: Topology, name: str, start_s: float = 0.0) -> Any:
         routing=d.routing,
         max_queue_per_engine=d.max_queue_per_engine,
         faithful_lateness_s=topo.faithful_lateness_s,
+        renewable_ci_g_per_kwh=topo.carm.renewable_g_per_kwh if topo.carm else 0.0,
     )
     return Datacenter(cfg, cal, build_ci(topo, d), start_s=start_s)
