@@ -337,7 +337,7 @@ def render_compose(topo: Topology, out_dir: Path | None = None) -> str:
         "# regenerate it (a test checks that the committed file is current).",
         "# Images, published ports and per-region scheduler",
         "# images/policies come from .env; see deploy/README.md.",
-        "#   deploy/build-image.sh && mkdir -p results && docker compose up -d",
+        "#   deploy/build-image.sh && mkdir -p -m 777 results && docker compose up -d",
         "#   docker compose logs -f loadgen        # results/ gets records.csv, summary.json",
         "#   COMPOSE_PROFILES=grafana docker compose up -d    # with Grafana",
         "# Works with Compose v2 (docker compose) and v1.29 (docker-compose).",
