@@ -61,3 +61,6 @@ def register(sub: Any) -> None:
     d.set_defaults(func=cmd_dashboards)
 
     # ---- compose deployment: `geoserve compose` and `geoserve swap-scheduler` go here ----
+    from services.deploy.compose import register_commands as register_compose
+
+    register_compose(sub)
