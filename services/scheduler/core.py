@@ -10,7 +10,11 @@ Theory of operation
   to that region's scheduler (after RTT/2), which `admit_forwarded`s it into its own
   window and dispatches it to the named DC when that window closes (at once for
   per-request policies) — paper 1 §III-C.
-* The latest snapshot drives the policy. Past ``staleness_s`` without a fresh snapshot
+* The latest snapshot drives the policy, plus — with ``project_dispatches`` (default on) —
+  this scheduler's own dispatches since that snapshot was taken, projected onto the DCs'
+  states as the iterative ILP projects a window (paper 1 §IV-B). Without it, every window
+  until the next poll (10 windows per second at Δp = 1 s) sees the same free capacity and
+  the carbon-aware policies herd onto the greenest DC. Past ``staleness_s`` without a fresh snapshot
   (provisioner down) the scheduler decides round-robin over the topology's DCs and
   counts each such decision as a staleness fallback.
 * A request no DC can take gets a `Dispatch` with ``dc == ""``; the runtime rejects it.
@@ -81,6 +85,7 @@ class SchedulerCore:
         self.window_opened_s: float | None = None
         self.forward_window: list[tuple[str, str]] = []
         self.stats = SchedulerStats()
+        self._since: dict[str, tuple[float, float]] = {}  # dc -> (requests, prompt tokens)
         self.record_estimates = False
         self.estimates: dict[str, tuple[float, float]] = {}   # id -> (TTFT s, TPOT s)
         self._predict: Callable[[RequestView], int] | None = None
@@ -94,6 +99,31 @@ class SchedulerCore:
     def on_snapshot(self, snap: SnapshotView, now: float) -> None:
         self.snapshot = snap
         self.snapshot_received_s = now
+        self._since.clear()
+
+    def view(self) -> SnapshotView | None:
+        """The snapshot the policy sees: with ``project_dispatches``, the latest snapshot
+        plus this scheduler's own dispatches since it was taken (they join the batch up to
+        the limit, the rest wait; their prompts join the queue and the KV cache)."""
+        snap = self.snapshot
+        if snap is None or not self.spec.project_dispatches or not self._since:
+            return snap
+        dcs = []
+        for d in snap.dcs:
+            n, tok = self._since.get(d.dc, (0.0, 0.0))
+            if n:
+                eng = max(d.engines, 1)
+                batch = d.active_batch + n / eng
+                new_batch = min(batch, float(d.max_batch))
+                d = dataclasses.replace(
+                    d,
+                    active_batch=new_batch,
+                    waiting_requests=d.waiting_requests + batch - new_batch,
+                    queue_tokens=d.queue_tokens + tok / eng,
+                    kv_tokens=d.kv_tokens + tok / eng,
+                )
+            dcs.append(d)
+        return dataclasses.replace(snap, dcs=tuple(dcs))
 
     def snapshot_age(self, now: float) -> float:
         if self.snapshot is None:
@@ -163,10 +193,16 @@ class SchedulerCore:
         if self.stale(now) or self.snapshot is None:
             return [self._stale_dispatch(r, now) for r in reqs]
         t0 = self.clock()
-        decision = self.policy.decide(reqs, self.snapshot, self.region, now)
+        view = self.view()
+        assert view is not None
+        decision = self.policy.decide(reqs, view, self.region, now)
         took = self.clock() - t0
         if self.record_estimates:
-            self._record_estimates(reqs, decision.targets, now)
+            self._record_estimates(reqs, view, decision.targets, now)
+        for r, dc in zip(reqs, decision.targets, strict=True):
+            if dc:
+                n, tok = self._since.get(dc, (0.0, 0.0))
+                self._since[dc] = (n + 1.0, tok + r.isl_tokens)
         st.solver_status[decision.status] = st.solver_status.get(decision.status, 0) + 1
         out = []
         for k, r in enumerate(reqs):
@@ -175,11 +211,10 @@ class SchedulerCore:
                                     decision.fallback_reason[k], now, took))
         return out
 
-    def _record_estimates(self, reqs: list[RequestView], targets: Sequence[str | None],
-                          now: float) -> None:
+    def _record_estimates(self, reqs: list[RequestView], view: SnapshotView,
+                          targets: Sequence[str | None], now: float) -> None:
         """Keep the shared estimator's TTFT/TPOT for each chosen DC (accuracy studies)."""
-        assert self.snapshot is not None
-        est = self.policy.estimator.estimate(reqs, self.snapshot, now_s=now, region=self.region)
+        est = self.policy.estimator.estimate(reqs, view, now_s=now, region=self.region)
         col = {name: j for j, name in enumerate(est.dc_names)}
         for k, (r, dc) in enumerate(zip(reqs, targets, strict=True)):
             if dc and dc in col:

@@ -192,7 +192,7 @@ def test_green_llm_budget_is_spent_then_resets_each_hour() -> None:
     osl = int(budget / 2.5)
     s = snap(dc("green", ci_g_per_kwh=10.0, engines=1, max_batch=1, active_batch=0.0),
              dc("dirty", ci_g_per_kwh=400.0))  # fmt: skip
-    p = get_policy("green-llm", budget_ctx_tokens=ctx)
+    p = get_policy("green-llm", budget_ctx_tokens=ctx, pacing_s=0.0)
     got = [p.decide([req(i, osl_tokens=osl)], s, "eu", 10.0).targets[0] for i in range(3)]
     assert got == ["green", "green", "dirty"]
     assert p.decide([req(9, osl_tokens=osl)], s, "eu", 3600.0 + 1.0).targets == ("green",)
@@ -219,3 +219,27 @@ def test_green_llm_budget_exhaustion_falls_back() -> None:
 def test_empty_window(name: str) -> None:
     d = get_policy(name).decide([], split_snapshot(), "eu", 0.0)
     assert d.targets == () and d.n_fallback == 0
+
+
+def test_green_llm_paced_budget_spreads_load_over_time() -> None:
+    """With pacing, a DC takes about its per-second share of the hourly budget, split over
+    the schedulers, then the next-greenest DC gets the rest."""
+    pm = PerfModel(load_calibration(SETUP))
+    hourly = 1 * 1 * 3600.0 / pm.decode_time(1, 1024.0)   # engines x max_batch x 1 h / t_dec
+    per_s = hourly / 3600.0 / 2                            # two regions in the snapshot
+    s = snap(dc("green", "eu", ci_g_per_kwh=10.0, engines=1, max_batch=1),
+             dc("dirty", "us", ci_g_per_kwh=500.0, engines=1, max_batch=1))
+    p = get_policy("green-llm", pacing_s=1.0)
+    osl = max(int(per_s / 4), 1)
+    d = p.decide([req(i, osl_tokens=osl) for i in range(12)], s, "eu", 0.0)
+    budgeted = Counter(t for t, f in zip(d.targets, d.fallback, strict=True) if not f)
+    fits = int(per_s // osl)                               # requests one second's share holds
+    assert budgeted == {"green": fits, "dirty": fits}      # greenest first, then the next
+    assert d.fallback_reason.count(BUDGET) == 12 - 2 * fits
+    # tokens placed by the fallback chain are spent too (the bucket goes negative); one
+    # second later each bucket has refilled by one second's share, minus that overdraft
+    over = osl * Counter(t for t, f in zip(d.targets, d.fallback, strict=True) if f)["green"]
+    d2 = p.decide([req(100 + i, osl_tokens=osl) for i in range(12)], s, "eu", 1.0)
+    again = Counter(t for t, f in zip(d2.targets, d2.fallback, strict=True) if not f)
+    left = min(per_s, per_s - fits * osl - over + per_s)
+    assert again["green"] == max(int(left // osl), 0)

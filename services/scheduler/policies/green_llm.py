@@ -13,6 +13,10 @@ Rules / theory of operation
   policy object.
 * Latency is batch-agnostic: TTFT/TPOT are estimated as if every engine were empty (RTT,
   the request's own prefill, a one-request decode step), so a loaded DC is never rejected.
+* Pacing (our mapping of the hourly budget to the batch limit, the paper being silent on
+  how an hourly budget acts within a 200 s run): the budget is released as a token bucket
+  at budget/3600 per second, split evenly over the schedulers (one per region), holding at
+  most ``pacing_s`` seconds of it; ``pacing_s = 0`` spends the hourly budget as it comes.
 * Per window (requests in arrival order): the lowest-carbon feasible DC whose remaining
   budget covers the request's OSL. Green-LLM's hourly LP reduces to this choice at a
   100 ms window, since the only coupling is the hourly budget. No such DC -> fallback
@@ -49,6 +53,11 @@ class GreenLlmConfig:
         default=1024.0,
         metadata={"help": "cached tokens per request when mapping the batch limit to tokens"},
     )
+    pacing_s: float = field(
+        default=1.0,
+        metadata={"help": "release the hourly budget as a token bucket holding this many "
+                          "seconds of it, shared by the regions' schedulers (0: whole hour)"},
+    )
 
 
 @register(
@@ -68,6 +77,8 @@ class GreenLlmPolicy(Policy):
         self.cfg = cfg
         self._hour: int | None = None
         self._spent: dict[str, float] = {}
+        self._bucket: dict[str, float] = {}
+        self._bucket_t: float | None = None
 
     def budget_tokens(self, dcs: DcArrays) -> FloatArray:
         """Hourly output-token budget of each DC."""
@@ -92,9 +103,11 @@ class GreenLlmPolicy(Policy):
             requests, snapshot, region=region, now_s=now_s, batch_agnostic=True
         )
         dcs = self.estimator.dc_arrays(snapshot)
-        left = self.budget_tokens(dcs) - np.array(
-            [self._spent.get(n, 0.0) for n in dcs.names], dtype=np.float64
-        )
+        hourly = self.budget_tokens(dcs)
+        left = hourly - np.array([self._spent.get(n, 0.0) for n in dcs.names], dtype=np.float64)
+        paced = self.cfg.pacing_s > 0
+        if paced:
+            left = np.minimum(left, self._refill(dcs, hourly, snapshot, now_s))
         osl = np.array([max(r.osl_tokens, 1) for r in requests], dtype=np.float64)
         assign = np.full(len(requests), -1, dtype=np.int64)
         reasons = [""] * len(requests)
@@ -113,4 +126,23 @@ class GreenLlmPolicy(Policy):
         for name, r_osl in zip(dec.targets, osl.tolist(), strict=True):
             if name is not None:
                 self._spent[name] = self._spent.get(name, 0.0) + r_osl
+                if paced:
+                    self._bucket[name] = self._bucket.get(name, 0.0) - r_osl
         return dec
+
+    def _refill(
+        self, dcs: DcArrays, hourly: FloatArray, snapshot: SnapshotView, now_s: float
+    ) -> FloatArray:
+        """Token bucket per DC: the hourly budget released evenly over the hour, split
+        over the schedulers (one per region in the snapshot), at most `pacing_s` deep."""
+        n_sched = max(len({d.region for d in snapshot.dcs}), 1)
+        rate = hourly / HOUR_S / n_sched
+        depth = rate * self.cfg.pacing_s
+        dt = 0.0 if self._bucket_t is None else max(now_s - self._bucket_t, 0.0)
+        self._bucket_t = now_s
+        out = np.zeros(dcs.size, dtype=np.float64)
+        for i, name in enumerate(dcs.names):
+            level = self._bucket.get(name, float(depth[i])) + float(rate[i]) * dt
+            self._bucket[name] = min(level, float(depth[i]))
+            out[i] = self._bucket[name]
+        return out
