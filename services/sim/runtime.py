@@ -16,6 +16,12 @@ instead of gRPC and sleeps:
 After the load ends the run continues until every request has finished (or
 ``drain_limit_s`` has passed, after which the rest are recorded as failed).
 
+With a ``carm:`` section in the topology a CA-RM slot event runs every slot during the
+load (``services.carm.live.CarmLive``, the same glue as the CA-RM service): it observes each
+DC's request count, plans, and applies each plan to the DC core directly
+(``set_frequency``, ``apply_carm``); after the last slot training stops. Planning time is
+measured (slot latency) but not charged to emulated time. The summary gets a ``carm`` key.
+
 With ``metrics_csv`` the run also writes the services' Prometheus series (the same
 `services.common.metrics` objects the wall runtime serves) to CSV, sampled every
 provisioner period during the load, at the first event past each period while draining,
@@ -201,6 +207,37 @@ class SimRun:
         self._occ_sum = 0.0
         self._occ_n = 0
         self._m = _SimMetrics(self, metrics_csv) if metrics_csv is not None else None
+        self.carm: Any = None
+        self._carm_freq: dict[str, list[tuple[float, float]]] = {}
+        if topo.carm is not None:
+            from services.carm.live import CarmLive
+
+            self.carm = CarmLive(topo, perf_clock=time.perf_counter)
+
+    # ---------------------------------------------------------------- CA-RM
+    def _schedule_carm(self, end_s: float) -> None:
+        assert self.topo.carm is not None
+        slot = self.topo.carm.slot_s
+        n = max(math.ceil(end_s / slot - 1e-9), 1)
+        for k in range(n):
+            self.clock.call_at(k * slot, self._carm_slot)
+        self.clock.call_at(n * slot, self._carm_end)
+
+    def _carm_slot(self) -> None:
+        now = self.clock.now
+        for name, dc in self.dcs.items():
+            self.carm.observe(name, now, dc.completed + dc.rejected + dc.failed + dc.in_flight())
+        for p in self.carm.plan(now):
+            dc = self.dcs[p.dc]
+            dc.apply_carm(now, p.training_power_w, p.renewable_supply_w)
+            self._carm_freq.setdefault(p.dc, []).append((now, dc.set_frequency(
+                p.gpu_frequency_mhz)))
+
+    def _carm_end(self) -> None:
+        now = self.clock.now
+        for name, dc in self.dcs.items():
+            dc.apply_carm(now, 0.0, self.carm.supply_w(name, now, now + self.carm.spec.slot_s))
+        self.carm.finish(now)
 
     # ---------------------------------------------------------------- load
     def _emit(self, p: PlannedRequest) -> None:
@@ -373,6 +410,8 @@ class SimRun:
             self.clock.call_at(p.t_s, self._emit, p)
         horizon = duration + self.drain_limit_s
         self._schedule_polls(duration)
+        if self.carm is not None:
+            self._schedule_carm(duration)
         if self._m is not None:
             self._m.schedule(duration)
         step = max(duration / 10, 1.0)
@@ -400,6 +439,33 @@ class SimRun:
         self.end_s = end
         self.wall_s = time.perf_counter() - t_wall
         return self.summary()
+
+    def _carm_summary(self, finals: list[DcFinal]) -> dict[str, Any]:
+        """CA-RM figures: energy by source, deadlines, frequency per DC (time-weighted)."""
+        out: dict[str, Any] = dict(self.carm.summary())
+        fac = sum(f.facility_j for f in finals)
+        ren = sum(f.renewable_j for f in finals)
+        out["training_energy_j"] = sum(f.training_j for f in finals)
+        out["renewable_energy_j"] = ren
+        out["grid_energy_j"] = sum(f.grid_j for f in finals)
+        out["renewable_share"] = ren / fac if fac > 0 else 0.0
+        per_dc: dict[str, Any] = {}
+        for f in finals:
+            hist = self._carm_freq.get(f.dc, [])
+            ts = [t for t, _ in hist] + [max(self.end_s, hist[-1][0] if hist else 0.0)]
+            dur = np.diff(ts) if hist else np.zeros(0)
+            mhz = np.array([m for _, m in hist])
+            per_dc[f.dc] = {
+                "training_energy_j": f.training_j,
+                "renewable_energy_j": f.renewable_j,
+                "grid_energy_j": f.grid_j,
+                "facility_energy_j": f.facility_j,
+                "gpu_frequency_mhz_mean": float(np.sum(mhz * dur) / np.sum(dur))
+                if hist and np.sum(dur) > 0 else None,
+                "gpu_frequency_mhz_slots": [m for _, m in hist],
+            }
+        out["dcs"] = per_dc
+        return out
 
     def records(self) -> list[RecordRow]:
         return [self.reqs[rid].row for rid in self.emitted]
@@ -440,6 +506,8 @@ class SimRun:
             wall_s=self.wall_s,
             emulated_s=end,
         )
+        if self.carm is not None:
+            out["carm"] = self._carm_summary(finals)
         out["occupancy"] = {
             "mean_batch_ratio": self._occ_sum / self._occ_n if self._occ_n else None,
             "samples": self._occ_n,
