@@ -87,7 +87,8 @@ class SchedulerCore:
         self.stats = SchedulerStats()
         self._since: dict[str, tuple[float, float]] = {}  # dc -> (requests, prompt tokens)
         self.record_estimates = False
-        self.estimates: dict[str, tuple[float, float]] = {}   # id -> (TTFT s, TPOT s)
+        # id -> (TTFT, TPOT) estimated on the snapshot, then on the projected view (s)
+        self.estimates: dict[str, tuple[float, float, float, float]] = {}
         self._predict: Callable[[RequestView], int] | None = None
         if spec.osl_mode == "predicted":
             from services.scheduler.osl import OslPredictor
@@ -103,8 +104,10 @@ class SchedulerCore:
 
     def view(self) -> SnapshotView | None:
         """The snapshot the policy sees: with ``project_dispatches``, the latest snapshot
-        plus this scheduler's own dispatches since it was taken (they join the batch up to
-        the limit, the rest wait; their prompts join the queue and the KV cache)."""
+        plus this scheduler's own dispatches since it was taken, as the iterative ILP
+        projects a window: they join the batch up to the limit (the rest wait), their
+        prompts join the queue and the KV cache. Completions since the snapshot are not
+        subtracted, so the view errs on the loaded side until the next poll."""
         snap = self.snapshot
         if snap is None or not self.spec.project_dispatches or not self._since:
             return snap
@@ -214,12 +217,15 @@ class SchedulerCore:
     def _record_estimates(self, reqs: list[RequestView], view: SnapshotView,
                           targets: Sequence[str | None], now: float) -> None:
         """Keep the shared estimator's TTFT/TPOT for each chosen DC (accuracy studies)."""
+        assert self.snapshot is not None
+        raw = self.policy.estimator.estimate(reqs, self.snapshot, now_s=now, region=self.region)
         est = self.policy.estimator.estimate(reqs, view, now_s=now, region=self.region)
         col = {name: j for j, name in enumerate(est.dc_names)}
         for k, (r, dc) in enumerate(zip(reqs, targets, strict=True)):
             if dc and dc in col:
                 j = col[dc]
-                self.estimates[r.id] = (float(est.ttft_s[k, j]), float(est.tpot_s[k, j]))
+                self.estimates[r.id] = (float(raw.ttft_s[k, j]), float(raw.tpot_s[k, j]),
+                                        float(est.ttft_s[k, j]), float(est.tpot_s[k, j]))
 
     def _stale_dispatch(self, r: RequestView, now: float) -> Dispatch:
         self.stats.stale_decisions += 1
