@@ -1,6 +1,7 @@
 """Local runner: every service of a topology as its own OS process on 127.0.0.1.
 
-Start order: datacenters, provisioner, schedulers (each waited for until its gRPC health
+Start order: datacenters, the CA-RM service when the topology has a ``carm:`` section,
+provisioner, schedulers (each waited for until its gRPC health
 check says SERVING), then the load generator in the foreground. All processes share one
 epoch and dilation factor, so their emulated clocks agree. Teardown sends SIGTERM, then
 SIGKILL to whatever is left; children also get SIGTERM if the runner itself dies
@@ -129,6 +130,10 @@ class LocalRun:
             self.procs[f"dc/{name}"] = Proc(f"dc/{name}", ["services.datacenter", *common,
                                             "--dc", name, "--address", addr], addr)
         dc_list = ",".join(f"{n}={a}" for n, a in dcs.items())
+        if topo.carm is not None:
+            carm = f"127.0.0.1:{free_port()}"
+            self.procs["carm"] = Proc("carm", ["services.carm", *common, "--dcs", dc_list,
+                                               "--address", carm], carm)
         self.procs["provisioner"] = Proc("provisioner", ["services.provisioner", *common,
                                          "--dcs", dc_list, "--address", prov], prov)
         for r in topo.regions:
@@ -151,6 +156,9 @@ class LocalRun:
         for p in order:
             self._spawn(p)
         self._wait_all(order)
+        if "carm" in self.procs:
+            self._spawn(self.procs["carm"])
+            self._wait_all([self.procs["carm"]])
         self._spawn(self.procs["provisioner"])
         self._wait_all([self.procs["provisioner"]])
         sched_procs = [p for p in self.procs.values() if p.name.startswith("scheduler/")]
