@@ -193,7 +193,8 @@ def _swap(req: SwapRequest, client: Any, log: Callable[[str], None],
     image_labels = old_image_cfg.get("Labels") or {}
     labels = {k: v for k, v in (cfg.get("Labels") or {}).items()
               if image_labels.get(k) != v}
-    labels["com.docker.compose.image"] = req.image
+    if "com.docker.compose.image" in labels:  # Compose v2 records the image id there
+        labels["com.docker.compose.image"] = api.inspect_image(req.image)["Id"]
     healthcheck = cfg.get("Healthcheck")
     if req.health_cmd:
         healthcheck = {**(healthcheck or {}), "Test": ["CMD-SHELL", req.health_cmd]}
