@@ -3,9 +3,10 @@
 Rules / theory of operation
 ---------------------------
 * One container per service of the topology, all from one image (``deploy/Dockerfile``):
-  ``dc-<dc>`` per datacenter, ``provisioner``, ``scheduler-<region>`` per region,
-  ``loadgen``; plus ``prometheus`` (scrapes every service on ``METRICS_PORT``) and, under
-  the ``grafana`` profile, ``grafana``. Service names are the DNS names the services use
+  ``dc-<dc>`` per datacenter, ``carm`` when the topology has a ``carm:`` section,
+  ``provisioner``, ``scheduler-<region>`` per region, ``loadgen``; plus ``prometheus``
+  (scrapes every service on ``METRICS_PORT``) and, under the ``grafana`` profile,
+  ``grafana``. Service names are the DNS names the services use
   to reach each other and the scrape targets of ``deploy/prometheus/prometheus.yml``.
 * Every GeoServe service listens for gRPC on ``GRPC_PORT`` and serves metrics on
   ``METRICS_PORT`` inside its own container, so the ports never clash; only Prometheus and
@@ -191,10 +192,17 @@ def _layout(topo: Topology, out_dir: Path) -> dict[str, Any]:
     dc_names = [dc_service(d.name) for d in topo.dcs]
     for d in topo.dcs:
         services[dc_service(d.name)] = svc(["datacenter", *topo_args, "--dc", d.name])
+    all_dcs = _addr_map([(d.name, dc_service(d.name)) for d in topo.dcs])
+    before_provisioner = list(dc_names)
+    if getattr(topo, "carm", None) is not None:
+        # the CA-RM controller starts after the DCs and before the provisioner (local runner)
+        services["carm"] = svc(["carm", *topo_args], environment={"DC_ADDRS": all_dcs},
+                               depends_on=_healthy(dc_names))
+        before_provisioner.append("carm")
     services["provisioner"] = svc(
         ["provisioner", *topo_args],
-        environment={"DC_ADDRS": _addr_map([(d.name, dc_service(d.name)) for d in topo.dcs])},
-        depends_on=_healthy(dc_names),
+        environment={"DC_ADDRS": all_dcs},
+        depends_on=_healthy(before_provisioner),
     )
     for r in topo.regions:
         peers = [(o.name, scheduler_service(o.name)) for o in topo.regions if o.name != r.name]

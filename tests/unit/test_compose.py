@@ -25,7 +25,7 @@ from services.deploy import compose, swap
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = "topologies/small.yaml"
-GEOSERVE_KINDS = ("dc-", "scheduler-", "provisioner", "loadgen")
+GEOSERVE_KINDS = ("dc-", "scheduler-", "provisioner", "loadgen", "carm")
 
 
 @pytest.fixture(scope="module")
@@ -209,6 +209,23 @@ def test_bigger_topology_and_external_topology_file(tmp_path):
     assert dc["command"][1:3] == ["--topology", compose.TOPOLOGY_MOUNT]
     assert f"./mine.yaml:{compose.TOPOLOGY_MOUNT}:ro" in dc["volumes"]
     assert f"./mine.yaml:{compose.TOPOLOGY_MOUNT}:ro" in mt["services"]["loadgen"]["volumes"]
+
+
+def test_carm_section_adds_the_carm_service_before_the_provisioner(tmp_path, small):
+    assert "carm" not in compose.compose_model(small, ROOT)["services"]
+    raw = yaml.safe_load((ROOT / SMALL).read_text())
+    raw["carm"] = {"slot_s": 10, "horizon_slots": 3, "renewables": {"pv_peak_w": 2000.0}}
+    path = tmp_path / "with-carm.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    m = compose.compose_model(load_topology(path), tmp_path)
+    svcs = m["services"]
+    dcs = {n for n in svcs if n.startswith("dc-")}
+    assert svcs["carm"]["command"][0] == "carm"
+    assert _healthy_deps(svcs["carm"]) == dcs
+    assert _healthy_deps(svcs["provisioner"]) == dcs | {"carm"}
+    assert svcs["carm"]["environment"]["DC_ADDRS"] == (
+        svcs["provisioner"]["environment"]["DC_ADDRS"])
+    assert svcs["carm"]["healthcheck"]["test"][-1] == "services.common.healthprobe"
 
 
 def test_env_key():
