@@ -69,14 +69,18 @@ class HighsSolver:
     (about 0.1 ms): HiGHS measures ``time_limit`` against the instance's cumulative run
     time, so a reused instance would start hitting the limit once its solves add up."""
 
-    def __init__(self, clock: Callable[[], float], threads: int = 1) -> None:
+    def __init__(self, clock: Callable[[], float], threads: int = 0) -> None:
         self.clock = clock
         self.threads = threads
         self.h = self._new()
 
     def _new(self) -> highspy.Highs:
         h = new_highs()
-        h.setOptionValue("threads", self.threads)
+        # HiGHS's thread pool is global to the process and fixed by the first solve that
+        # starts it: a different `threads` value in a later Highs object makes that run
+        # fail. So the option is only set when asked for (CA-RM may share the process).
+        if self.threads:
+            h.setOptionValue("threads", self.threads)
         # The warm start replaces HiGHS's feasibility-jump heuristic, which costs ~0.1 s
         # at 300 x 16 before the root LP even starts.
         h.setOptionValue("mip_heuristic_run_feasibility_jump", False)
