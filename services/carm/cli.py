@@ -3,7 +3,9 @@
 ``geoserve carm simulate --workload light|medium|heavy --method NAME [--json] [--seed N]`` builds
 the paper's 24 h x 15-min instance, runs one method and prints its metrics;
 ``geoserve carm report`` runs every method on every workload and writes
-``docs/carm-results.md`` with plots in ``docs/img/``.
+``docs/carm-results.md`` with plots in ``docs/img/``;
+``geoserve carm joint [--out docs/carm-joint.md]`` runs the joint geo-scheduling x CA-RM
+experiment on ``topologies/joint.yaml`` in the virtual runtime (``services/carm/joint.py``).
 """
 
 from __future__ import annotations
@@ -115,6 +117,41 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_joint(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from services.carm.joint import run_joint, verdict_text, write_joint
+    from services.common.topology import load_topology
+
+    if args.duration is not None and not args.duration > 0:
+        raise InvalidInput("duration", f"expected > 0, got {args.duration}")
+    cfg: dict[str, Any] = {}
+    for item in filter(None, (x.strip() for x in args.policy_config.split(","))):
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise InvalidInput("policy_config", f"expected KEY=VALUE, got {item!r}")
+        try:
+            cfg[k.strip()] = float(v)
+        except ValueError:
+            cfg[k.strip()] = v.strip()
+    _silence_highs_banner()
+    rows = run_joint(args.topology, args.policy, cfg or None, args.duration,
+                     progress=lambda m: print(m, file=sys.stderr, flush=True))
+    topo = load_topology(args.topology)
+    if args.duration is not None:
+        topo = topo.with_overrides(duration_s=args.duration)
+    verdict = verdict_text(rows)
+    print(verdict)
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    if args.out:
+        out = Path(args.out)
+        img = Path(args.img_dir) / "carm_joint.png"
+        write_joint(rows, topo, out, img, verdict)
+        print(f"wrote {out} and {img}")
+    return 0
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="workload generator seed (default 0)")
     p.add_argument("--time-limit-s", type=float, default=120.0,
@@ -141,3 +178,16 @@ def register(subparsers: Any) -> None:
     rep.add_argument("--img-dir", default="docs/img")
     _common(rep)
     rep.set_defaults(func=cmd_report, time_limit_s=60.0)
+    jo = sub.add_parser("joint", help="geo-scheduling x CA-RM on topologies/joint.yaml "
+                                      "(virtual runtime, 4 runs)")
+    jo.add_argument("--topology", default="joint", help="topology with a carm section")
+    jo.add_argument("--policy", default="greedy", help="the geo-scheduler (default greedy)")
+    jo.add_argument("--policy-config", default="",
+                    help="KEY=VALUE,... for the geo-scheduler (default alpha=0.5 for greedy)")
+    jo.add_argument("--duration", type=float, default=None,
+                    help="emulated seconds of load (default: the topology's)")
+    jo.add_argument("--out", default=None, help="write the markdown here (e.g. "
+                                                "docs/carm-joint.md) and the PNG to --img-dir")
+    jo.add_argument("--img-dir", default="docs/img")
+    jo.add_argument("--json", action="store_true", help="print every run's figures as JSON")
+    jo.set_defaults(func=cmd_joint)

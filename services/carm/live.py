@@ -33,6 +33,8 @@ Rules / theory of operation
   handed to the controller with the earliest deadline that fits (its real deadline still counts).
   Should the controller still find no plan, the slot falls back to earliest-deadline-first at the
   top clock on every training node (status ``fallback``), advancing the controller's jobs.
+  With ``control: none`` every slot is planned that way (status ``no-carm``): the reference
+  without CA-RM that still has the supply and the training jobs.
 * Deadlines: a job that leaves the controller's queue
   finished at the end of the slot it was last planned in -- met if that is not after its
   deadline; a job still pending once its deadline has passed is missed (counted once).
@@ -304,6 +306,9 @@ class CarmLive:
         plans: list[DcPlan] = []
         for name, ctl in self.controllers.items():
             one = {name: load[name]}
+            if self.spec.control == "none":
+                plans.append(self._fallback(name, now, load[name][0], supply[name][0], ""))
+                continue
             try:
                 plans += ctl.plan_slot(now, one, {name: supply[name]}, {name: ci[name]})
             except UsageError as exc:
@@ -381,7 +386,7 @@ class CarmLive:
         p_inf = float(inference_power_w(site.inference, top, rate_rps, site.workers))
         lat = float(latency_s(site.inference, top, rate_rps, site.workers, self.spec.slot_s))
         return DcPlan(dc, top, p_tr, supply_w, p_inf, max(p_inf + p_tr - supply_w, 0.0), lat,
-                      n_tr, f"fallback ({why})")
+                      n_tr, f"fallback ({why})" if why else "no-carm")
 
     def _count(self, state: str) -> None:
         if state == "met":

@@ -16,8 +16,9 @@ Rules
   and horizon, formulation (only ``performance``, Problem 2, is supported by the live
   controller), renewable emission factor, the hour of the renewable trace day at emulated
   t = 0, and per DC (a value for all DCs, overridden under ``carm.dcs.<name>``) the PV and
-  wind peak power and the training cluster (nodes and a job set). Absent: ``Topology.carm``
-  is None and nothing changes.
+  wind peak power and the training cluster (nodes and a job set); ``control: none`` keeps
+  the supply and the jobs but no CA-RM (top clock, training as soon as it can, the reference
+  of experiments). Absent: ``Topology.carm`` is None and nothing changes.
 * CLI overrides (policy, rate, duration, dilation) return a new frozen `Topology`.
 """
 
@@ -141,6 +142,7 @@ class CarmSpec:
     ewma_alpha: float = 0.5
     time_limit_s: float = 5.0           # HiGHS limit per DC per slot
     dcs: tuple[CarmDcSpec, ...] = ()
+    control: str = "carm"               # carm | none (supply and jobs only: top clock, EDF)
 
     def dc(self, name: str) -> CarmDcSpec:
         for d in self.dcs:
@@ -446,7 +448,7 @@ def _carm(v: _V, raw: Any, dc_names: list[str]) -> CarmSpec:
     m = v.mapping(raw, "carm")
     v.known(m, "carm", {"slot_s", "horizon_slots", "formulation", "renewable_g_per_kwh",
                         "trace_start_hour", "forecast", "ewma_alpha", "time_limit_s",
-                        "renewables", "training", "dcs"})
+                        "renewables", "training", "dcs", "control"})
     form = m.get("formulation", "performance")
     if form not in CARM_FORMULATIONS:
         raise v.err("carm.formulation", f"expected one of {list(CARM_FORMULATIONS)} (the live "
@@ -493,6 +495,7 @@ def _carm(v: _V, raw: Any, dc_names: list[str]) -> CarmSpec:
                          strict_lo=True),
         time_limit_s=v.num(m, "time_limit_s", "carm.time_limit_s", 5.0, lo=0.0, strict_lo=True),
         dcs=tuple(dcs),
+        control=v.text(m, "control", "carm.control", "carm", ("carm", "none")),
     )
 
 
