@@ -3,8 +3,8 @@
 * `render_prometheus_config` writes one scrape job per service (job name -> targets), a
   global scrape and rule-evaluation interval, and the rules file. Job names follow the
   compose service names: ``dc-<dc>``, ``scheduler-<region>``, ``provisioner``,
-  ``loadgen`` (`compose_targets`); ``geoserve run`` uses the same names with loopback
-  targets.
+  ``loadgen`` and ``carm`` when the topology has a CA-RM section (`compose_targets`);
+  ``geoserve run`` uses the same names with loopback targets.
 * `recording_rules` is the rules file (YAML text). Rule names follow Prometheus'
   ``level:metric:operations`` convention:
 
@@ -46,6 +46,8 @@ def job_names(topo: Topology) -> dict[str, str]:
     out.update({f"scheduler-{r.name}": "scheduler" for r in topo.regions})
     out["provisioner"] = "provisioner"
     out["loadgen"] = "loadgen"
+    if topo.carm is not None:  # the CA-RM service, when the topology configures one
+        out["carm"] = "carm"
     return out
 
 
