@@ -299,9 +299,14 @@ class LoadGenerator:
             for n in self.dcs
             if n in start_states and n in end_states
         ]
+        # the policies the schedulers report running (a swapped scheduler may differ from
+        # the topology); the topology's where a scheduler did not answer
+        live = {i.get("policy") for i in sched.values() if i.get("policy")}
+        planned = {r.scheduler.policy for r in self.topo.regions}
         config = {
             **self.topo.to_dict(),
-            "policy": ",".join(sorted({r.scheduler.policy for r in self.topo.regions})),
+            "policy": ",".join(sorted(live if len(live) and all(
+                "policy" in i for i in sched.values()) else planned)),
         }
         rows = [self.rows[p.id] for p in self.plan]
         summary = summarize(
