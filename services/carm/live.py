@@ -404,6 +404,9 @@ class CarmLive:
     def summary(self) -> dict[str, Any]:
         lat = np.array(self.counters.slot_latency_s or [0.0])
         states = [j.state for j in self.jobs.values()]
+        left = {jid: rem for ctl in self.controllers.values() for dc in self.sites
+                if dc in ctl._jobs for jid, rem in ctl.pending_jobs(dc)}  # noqa: SLF001
+        done = sum(j.epochs - left.get(j.job_id, 0.0) for j in self.jobs.values() if j.submitted)
         return {
             "formulation": self.spec.formulation,
             "slot_s": self.spec.slot_s,
@@ -413,6 +416,8 @@ class CarmLive:
             "training_deadlines_met": self.counters.deadlines_met,
             "training_deadlines_missed": self.counters.deadlines_missed,
             "training_jobs_unfinished": sum(s in ("pending", "waiting") for s in states),
+            "training_epochs_total": sum(j.epochs for j in self.jobs.values()),
+            "training_epochs_done": done,
             "slot_latency_s": {"mean": float(lat.mean()), "p50": float(np.quantile(lat, 0.5)),
                                "max": float(lat.max())},
             "renewable_traces": {"pv": self.traces.pv_source, "wind": self.traces.wind_source},
