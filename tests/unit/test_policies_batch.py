@@ -225,12 +225,17 @@ def test_green_llm_paced_budget_spreads_load_over_time() -> None:
     """With pacing, a DC takes about its per-second share of the hourly budget, split over
     the schedulers, then the next-greenest DC gets the rest."""
     pm = PerfModel(load_calibration(SETUP))
-    hourly = 1 * 1 * 3600.0 / pm.decode_time(1, 1024.0)   # engines x max_batch x 1 h / t_dec
-    per_s = hourly / 3600.0 / 2                            # two regions in the snapshot
+    isl = 300.0                                             # req()'s prompt
+    # one engine at batch limit 1: each request pays its prefill, then OSL decode steps
+    def per_s_for(osl: float) -> float:
+        pre = pm.prefill_time(isl, 1, isl * isl)
+        return osl / (pre + osl * pm.decode_time(1, 1024.0)) / 2   # two regions
+    osl = 8
+    per_s = per_s_for(osl)
     s = snap(dc("green", "eu", ci_g_per_kwh=10.0, engines=1, max_batch=1),
              dc("dirty", "us", ci_g_per_kwh=500.0, engines=1, max_batch=1))
     p = get_policy("green-llm", pacing_s=1.0)
-    osl = max(int(per_s / 4), 1)
+    assert per_s > 2 * osl                                  # the bucket holds a few requests
     d = p.decide([req(i, osl_tokens=osl) for i in range(12)], s, "eu", 0.0)
     budgeted = Counter(t for t, f in zip(d.targets, d.fallback, strict=True) if not f)
     fits = int(per_s // osl)                               # requests one second's share holds

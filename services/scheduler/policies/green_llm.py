@@ -3,10 +3,12 @@ latency estimates.
 
 Rules / theory of operation
 ---------------------------
-* Budget: each DC gets an hourly budget of output tokens equal to what its engines decode
-  in one hour at the batch limit, i.e. the budget is the batch limit mapped to tokens::
+* Budget: each DC gets an hourly budget of output tokens equal to what its engines produce
+  in one hour at the batch limit, i.e. the batch limit mapped to tokens; each request's
+  prefill (ISL, OSL: the window's means) stalls decode and is paid for::
 
-      budget_d = engines_d * max_batch_d * 3600 s / t_dec(max_batch_d, max_batch_d * ctx)
+      budget_d = engines_d * 3600 s * OSL / (t_pre(ISL) + OSL * t_dec(B, B * ctx) / B)
+      B = max_batch_d
 
   with ctx = `budget_ctx_tokens` cached tokens per request. The budget resets when
   ``floor(now_s / 3600)`` changes; the tokens spent (the requests' OSL) are state of the
@@ -80,14 +82,24 @@ class GreenLlmPolicy(Policy):
         self._bucket: dict[str, float] = {}
         self._bucket_t: float | None = None
 
-    def budget_tokens(self, dcs: DcArrays) -> FloatArray:
-        """Hourly output-token budget of each DC."""
+    def budget_tokens(
+        self, dcs: DcArrays, isl_tokens: float = 0.0, osl_tokens: float = 0.0
+    ) -> FloatArray:
+        """Hourly output-token budget of each DC: what its engines produce in an hour at
+        the batch limit. With the window's mean ISL and OSL given, each request also pays
+        its prefill (which stalls decode), so the rate is OSL / (t_pre(ISL) + OSL *
+        t_dec(B_max) / B_max) tokens per second per engine; without, decode steps only."""
         out = np.zeros(dcs.size, dtype=np.float64)
         for i, setup in enumerate(dcs.setups):
             pm = self.estimator.perf_model(setup)
             m = float(dcs.max_batch[i])
-            step = pm.decode_time(m, m * self.cfg.budget_ctx_tokens)
-            out[i] = dcs.engines[i] * m * HOUR_S / max(step, 1e-9)
+            step = max(pm.decode_time(m, m * self.cfg.budget_ctx_tokens), 1e-9)
+            if isl_tokens > 0 and osl_tokens > 0:
+                pre = pm.prefill_time(isl_tokens, 1, isl_tokens * isl_tokens)
+                per_s = osl_tokens / (pre + osl_tokens * step / m)
+            else:
+                per_s = m / step
+            out[i] = dcs.engines[i] * per_s * HOUR_S
         return out
 
     def decide(
@@ -103,7 +115,11 @@ class GreenLlmPolicy(Policy):
             requests, snapshot, region=region, now_s=now_s, batch_agnostic=True
         )
         dcs = self.estimator.dc_arrays(snapshot)
-        hourly = self.budget_tokens(dcs)
+        hourly = self.budget_tokens(
+            dcs,
+            float(np.mean([r.isl_tokens for r in requests])),
+            float(np.mean([max(r.osl_tokens, 1) for r in requests])),
+        )
         left = hourly - np.array([self._spent.get(n, 0.0) for n in dcs.names], dtype=np.float64)
         paced = self.cfg.pacing_s > 0
         if paced:
