@@ -165,6 +165,9 @@ class LocalRun:
         for p in sched_procs:
             self._spawn(p)
         self._wait_all(sched_procs)
+        self._wait_snapshots()
+        if self.prometheus:
+            self._wait_scrapes()
         self._monitor = threading.Thread(target=self._watch, daemon=True)
         self._stop_watch = threading.Event()
         self._monitor.start()
@@ -199,6 +202,58 @@ class LocalRun:
                     preexec_fn=_die_with_parent,
                 )
             self.procs["prometheus"] = p
+
+    def _wait_snapshots(self, timeout_s: float = 20.0) -> None:
+        """Wait until every scheduler holds a provisioner snapshot, so the load does not
+        start on a blind (round-robin fallback) scheduler."""
+        import asyncio
+
+        import grpc
+        from geoserve.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+        async def ready(addr: str) -> bool:
+            async with grpc.aio.insecure_channel(addr) as ch:
+                try:
+                    info = await scheduler_pb2_grpc.SchedulerStub(ch).Info(
+                        scheduler_pb2.SchedulerInfoRequest(), timeout=2.0)
+                except grpc.aio.AioRpcError:
+                    return False
+                return bool(info.snapshot_age_s < 1e8)
+
+        deadline = time.monotonic() + timeout_s
+        pending = dict(self.sched_addrs)
+        while pending and time.monotonic() < deadline:
+            for region, addr in list(pending.items()):
+                if asyncio.run(ready(addr)):
+                    del pending[region]
+            if pending:
+                time.sleep(0.2)
+        if pending:
+            print(f"runner: no snapshot yet at {sorted(pending)}; starting anyway",
+                  file=sys.stderr, flush=True)
+
+    def _wait_scrapes(self, timeout_s: float = 60.0, scrapes: int = 2) -> None:
+        """Wait until Prometheus has scraped every target (up) at least `scrapes` times, so
+        counters have a baseline before the load starts."""
+        import json
+        import urllib.parse
+        import urllib.request
+
+        n_targets = len([j for j in self.metrics_ports if j != "loadgen"])  # not started yet
+        q = urllib.parse.quote(f"count_over_time(up[5m]) >= {scrapes} and up == 1")
+        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query?query={q}"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    got = len(json.loads(r.read())["data"]["result"])
+                if got >= n_targets:
+                    return
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.25)
+        print("runner: Prometheus has not scraped every target yet; starting anyway",
+              file=sys.stderr, flush=True)
 
     def _wait_all(self, procs: list[Proc]) -> None:
         with concurrent.futures.ThreadPoolExecutor(max_workers=8) as ex:

@@ -12,16 +12,17 @@ from services.common.topology import ROOT, load_topology
 from services.sim.runtime import SimRun
 
 
-@pytest.mark.parametrize("policy", ["round-robin", "greedy"])
-def test_wall_and_virtual_agree_at_light_load(tmp_path, policy):
-    duration = 30
+# greedy's routing follows the snapshots, whose phase differs between the runtimes: a
+# longer run averages that out
+@pytest.mark.parametrize(("policy", "duration"), [("round-robin", 30), ("greedy", 60)])
+def test_wall_and_virtual_agree_at_light_load(tmp_path, policy, duration):
     topo = load_topology("small").with_overrides(policy=policy, duration_s=duration)
     sim = SimRun(topo).run()
     out = tmp_path / "wall"
     proc = subprocess.run(
         [sys.executable, "-m", "services.cli", "run", "--topology", "small", "--policy", policy,
          "--duration", str(duration), "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     wall = json.loads((out / "summary.json").read_text())
