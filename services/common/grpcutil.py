@@ -71,8 +71,12 @@ async def start_server(
     adders: Sequence[tuple[Callable[[Any, grpc.aio.Server], None], Any]],
     service_names: Sequence[str],
     address: str,
+    ready: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
-    """Create, populate and start an aio server; returns (server, health, bound port)."""
+    """Create, populate and start an aio server; returns (server, health, bound port).
+
+    With `ready`, the server listens at once but reports NOT_SERVING until `ready()`
+    returns (e.g. a scheduler whose links to its DCs and peers are not up yet)."""
     server = grpc.aio.server(interceptors=[ErrorMappingInterceptor()], options=CHANNEL_OPTIONS)
     for add, servicer in adders:
         add(servicer, server)
@@ -84,6 +88,10 @@ async def start_server(
     if port == 0:
         raise InvalidInput("address", f"cannot bind {address!r}")
     await server.start()
+    if ready is not None:
+        for name in [*service_names, ""]:
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await ready()
     for name in [*service_names, ""]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, health_servicer, port

@@ -121,6 +121,19 @@ class SchedulerRuntime:
         if self.provisioner:
             self._tasks.append(asyncio.create_task(self._watch(), name="snapshots"))
 
+    async def wait_links(self, timeout_s: float = 15.0) -> None:
+        """Until every DC and peer link is up (bounded): a request arriving before that
+        would be counted as a fallback. Peers are waited for too, so schedulers started
+        together report healthy once they can all reach each other."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        links = [*self.dc_links.values(), *self.peer_links.values()]
+        while not all(link.up for link in links) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        down = [link.name for link in links if not link.up]
+        if down:
+            log.warning("serving with links still down: %s", ", ".join(down))
+
     async def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
@@ -421,6 +434,7 @@ async def serve(rt: SchedulerRuntime, address: str, metrics: SchedulerMetrics | 
         [(sgrpc.add_SchedulerServicer_to_server, SchedulerService(rt))],
         [spb.DESCRIPTOR.services_by_name["Scheduler"].full_name],
         address,
+        ready=rt.wait_links,
     )
     log.info("scheduler %s (%s) serving on port %d", rt.region, rt.core.policy.name, port)
     stopping = asyncio.Event()
