@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from services.carm.live import CarmLive
     from services.carm.server import CarmMetrics, WallCarm, serve
+    from services.common.grpcutil import parse_addr_map
     from services.common.topology import load_topology
-    from services.provisioner.__main__ import parse_dc_addresses
 
     try:
         if not args.topology:
@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         if topo.carm is None:
             raise InvalidInput("--topology", f"{topo.path} has no carm section")
         if args.dcs is not None:
-            addrs = parse_dc_addresses(args.dcs, "--dcs")
+            addrs = parse_addr_map(args.dcs, "--dcs")
         else:
-            addrs = parse_dc_addresses(os.environ.get("DC_ADDRS", ""), "DC_ADDRS")
+            addrs = parse_addr_map(os.environ.get("DC_ADDRS", ""), "DC_ADDRS")
         address = args.address or f"[::]:{os.environ.get('PORT', '50051')}"
         clock = WallClock(args.dilation if args.dilation is not None else topo.dilation,
                           args.epoch)

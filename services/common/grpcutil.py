@@ -148,7 +148,10 @@ def parse_addr_map(text: str, field: str) -> dict[str, str]:
         if not part:
             continue
         name, sep, addr = part.partition("=")
+        name, addr = name.strip(), addr.strip()
         if not sep or not name or ":" not in addr:
             raise InvalidInput(field, f"expected NAME=HOST:PORT entries, got {part!r}")
+        if name in out:
+            raise InvalidInput(field, f"{name!r} given twice")
         out[name] = addr
     return out

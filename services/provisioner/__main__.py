@@ -16,6 +16,7 @@ from geoserve.v1 import common_pb2 as pb
 
 from services.common.clock import WallClock
 from services.common.errors import GeoServeError, InvalidInput
+from services.common.grpcutil import parse_addr_map
 from services.common.metrics import (
     ProvisionerMetrics,
     add_metrics_args,
@@ -24,22 +25,6 @@ from services.common.metrics import (
 )
 from services.provisioner.core import DcInfo, ProvisionerCore
 from services.provisioner.server import WallProvisioner, serve
-
-
-def parse_dc_addresses(text: str, source: str = "--dcs") -> dict[str, str]:
-    """``"a=h:1,b=h:2"`` -> ``{"a": "h:1", "b": "h:2"}``; errors name `source`."""
-    out: dict[str, str] = {}
-    for item in (p.strip() for p in text.split(",")):
-        if not item:
-            continue
-        name, sep, addr = item.partition("=")
-        name, addr = name.strip(), addr.strip()
-        if not sep or not name or not addr:
-            raise InvalidInput(source, f"expected NAME=HOST:PORT, got {item!r}")
-        if name in out:
-            raise InvalidInput(source, f"DC {name!r} given twice")
-        out[name] = addr
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
             raise InvalidInput("--topology", "required (or set GEOSERVE_TOPOLOGY)")
         topo = load_topology(args.topology)
         if args.dcs is not None:
-            addrs = parse_dc_addresses(args.dcs, "--dcs")
+            addrs = parse_addr_map(args.dcs, "--dcs")
         else:
-            addrs = parse_dc_addresses(os.environ.get("DC_ADDRS", ""), "DC_ADDRS")
+            addrs = parse_addr_map(os.environ.get("DC_ADDRS", ""), "DC_ADDRS")
         names = [d.name for d in topo.dcs]
         missing = [n for n in names if n not in addrs]
         if missing:
