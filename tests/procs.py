@@ -30,11 +30,12 @@ def wait_healthy(address: str, timeout_s: float = 30.0) -> None:
 
 @contextlib.contextmanager
 def service(
-    module: str, *args: str, log: Path | None = None
+    module: str, *args: str, log: Path | None = None, address: str | None = None
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """Start `python -m module args` with a fresh loopback port; yields (process, address)."""
-    port = free_port()
-    address = f"127.0.0.1:{port}"
+    """Start `python -m module args` on `address` (default: a fresh loopback port), healthy
+    before it is yielded as (process, address); SIGTERM, then SIGKILL, afterwards. A caller
+    that passes the address can restart a killed service on the same port."""
+    address = address or f"127.0.0.1:{free_port()}"
     out = open(log, "wb") if log else subprocess.DEVNULL
     proc = subprocess.Popen(
         [sys.executable, "-m", module, "--address", address, *args],

@@ -23,7 +23,7 @@ from services.common.clock import WallClock
 from services.common.topology import load_topology
 from services.provisioner.core import DcInfo, ProvisionerCore
 from services.provisioner.server import WallProvisioner
-from tests.procs import ROOT, free_port, wait_healthy
+from tests.procs import ROOT, free_port, service
 
 TOPOLOGY = """\
 name: tiny-prov
@@ -55,39 +55,10 @@ def write_topology(tmp_path: Path, period_s: float, mode: str) -> Path:
 
 @contextlib.contextmanager
 def proc_at(module: str, address: str, *args: str) -> Iterator[subprocess.Popen[bytes]]:
-    """`python -m module --address address args`, healthy before it is yielded; SIGTERM after.
-
-    Unlike `tests.procs.service` the address is the caller's, so a killed service can be
-    restarted on the same port.
-    """
-    proc = subprocess.Popen(
-        [sys.executable, "-m", module, "--address", address, *args],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{module} exited early with {proc.returncode}")
-            try:
-                wait_healthy(address, timeout_s=1.0)
-                break
-            except TimeoutError:
-                if time.monotonic() > deadline:
-                    raise
+    """`python -m module --address address args` on the caller's address, so a killed
+    service can be restarted on the same port."""
+    with service(module, *args, address=address) as (proc, _):
         yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 def addr() -> str:
