@@ -23,8 +23,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.common.calibration import load_calibration  # noqa: E402
+from services.common.carbon import ConstantCI  # noqa: E402
 from services.common.vclock import VirtualClock  # noqa: E402
-from services.datacenter.dc import Datacenter, DcConfig, FixedCI  # noqa: E402
+from services.datacenter.dc import Datacenter, DcConfig  # noqa: E402
 from services.datacenter.engine import EngineRequest  # noqa: E402
 from services.datacenter.vdriver import VirtualDcRuntime  # noqa: E402
 
@@ -40,7 +41,7 @@ def lengths(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
 def run_virtual(rate: float, duration: float, seed: int = 1) -> dict[str, float]:
     cal = load_calibration(SETUP)
     clock = VirtualClock()
-    dc = Datacenter(DcConfig("bench", nodes=4, gpus_per_node=8), cal, FixedCI(300.0))
+    dc = Datacenter(DcConfig("bench", nodes=4, gpus_per_node=8), cal, ConstantCI(300.0))
     done = 0
 
     def on_event(idx, ev):

@@ -9,10 +9,11 @@ import os
 import sys
 
 from services.common.calibration import load_calibration
+from services.common.carbon import ConstantCI
 from services.common.clock import WallClock
 from services.common.errors import GeoServeError
 from services.common.metrics import add_metrics_args
-from services.datacenter.dc import DcConfig, FixedCI
+from services.datacenter.dc import DcConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_queue_per_engine=args.max_queue,
             )
             clock = WallClock(args.dilation or 1.0, args.epoch)
-            dc = Datacenter(cfg, cal, FixedCI(args.ci), start_s=clock.now())
+            dc = Datacenter(cfg, cal, ConstantCI(args.ci), start_s=clock.now())
         metrics = DcMetrics() if metrics_port(args.metrics_port) else None
         if metrics is not None:
             serve_metrics(metrics.registry, args.metrics_port, args.metrics_address, "datacenter")

@@ -25,11 +25,11 @@ Theory of operation
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from services.common.calibration import Calibration
+from services.common.carbon import CISource
 from services.common.errors import InvalidInput, Unavailable
 from services.datacenter.engine import Engine, EngineConfig, EngineRequest
 from services.datacenter.perfmodel import PerfModel
@@ -39,27 +39,6 @@ ROUTINGS = ("round-robin", "least-loaded")
 # A run stays faithful while at most this fraction of wake-ups had to resynchronise
 # (woke up later than the runtime's resync bound, so the schedule restarted late).
 MAX_RESYNC_RATIO = 0.001
-
-
-class CiSource(Protocol):
-    """Carbon intensity in gCO2/kWh as a function of emulated time."""
-
-    def at(self, t_s: float) -> float: ...
-
-    def mean(self, t0_s: float, t1_s: float) -> float: ...
-
-
-@dataclass(frozen=True)
-class FixedCI:
-    """A constant carbon intensity (tests and simple topologies)."""
-
-    value: float
-
-    def at(self, t_s: float) -> float:
-        return self.value
-
-    def mean(self, t0_s: float, t1_s: float) -> float:
-        return self.value
 
 
 @dataclass(frozen=True)
@@ -161,7 +140,7 @@ class Datacenter:
         self,
         config: DcConfig,
         cal: Calibration,
-        ci: CiSource,
+        ci: CISource,
         start_s: float = 0.0,
     ) -> None:
         config.validate(cal.tp)

@@ -30,7 +30,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from services.common.state import DcView, RequestView, SnapshotView
+from services.common.state import RequestView, SnapshotView
 from services.common.topology import DcSpec, SchedulerSpec
 from services.scheduler.policies.base import Policy, zero_clock
 
@@ -269,12 +269,3 @@ class SchedulerCore:
         self.stats.fallbacks += 1
         return dc
 
-
-def dc_view_setup(gpu: str, model: str, tp: int) -> str:
-    """The calibration setup name a DC state describes."""
-    return f"{gpu}/{model}-tp{tp}"
-
-
-def snapshot_views(dcs: Sequence[DcView], seq: int, time_s: float,
-                   rtt: dict[tuple[str, str], float]) -> SnapshotView:
-    return SnapshotView(seq=seq, time_s=time_s, dcs=tuple(dcs), rtt_s=rtt)

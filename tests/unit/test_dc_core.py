@@ -15,9 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.common.calibration import Calibration, parse_calibration
+from services.common.carbon import ConstantCI
 from services.common.errors import InvalidInput, Unavailable
 from services.common.vclock import VirtualClock
-from services.datacenter.dc import Datacenter, DcConfig, FixedCI
+from services.datacenter.dc import Datacenter, DcConfig
 from services.datacenter.engine import FINISHED, EngineRequest
 from services.datacenter.vdriver import VirtualDcRuntime
 
@@ -46,7 +47,7 @@ class HourlyCI:
 
 def make_dc(cal: Calibration, ci=None, **kw) -> Datacenter:
     cfg = DcConfig(name=kw.pop("name", "dc"), **kw)
-    return Datacenter(cfg, cal, ci or FixedCI(400.0))
+    return Datacenter(cfg, cal, ci or ConstantCI(400.0))
 
 
 def idle_power_w(cal: Calibration, nodes: int, gpus_per_node: int) -> float:
@@ -149,7 +150,7 @@ def test_gpus_per_node_must_be_a_multiple_of_tp(tiny_cal_data) -> None:
 # ---------------------------------------------------------------------------- energy & carbon
 def test_idle_dc_energy_and_carbon_fixed_ci(llama_cal) -> None:
     nodes, gpus, pue, ci = 2, 8, 1.2, 350.0
-    dc = make_dc(llama_cal, FixedCI(ci), nodes=nodes, gpus_per_node=gpus, pue=pue)
+    dc = make_dc(llama_cal, ConstantCI(ci), nodes=nodes, gpus_per_node=gpus, pue=pue)
     t = 1800.0
     dc.accrue(t)
     e = dc.energy
@@ -206,7 +207,7 @@ def run_dc(dc: Datacenter, arrivals: list[tuple[float, int, int]]) -> DcRun:
 
 def test_energy_breakdown_adds_up_with_load_and_training(llama_cal) -> None:
     pue, ci = 1.1, 420.0
-    dc = make_dc(llama_cal, FixedCI(ci), nodes=1, gpus_per_node=4, pue=pue)
+    dc = make_dc(llama_cal, ConstantCI(ci), nodes=1, gpus_per_node=4, pue=pue)
     arrivals = [(0.1 * k, 200 + 50 * k, 16) for k in range(12)]
     r = run_dc(dc, arrivals)
     fin = r.finished
@@ -235,8 +236,8 @@ def test_energy_breakdown_adds_up_with_load_and_training(llama_cal) -> None:
 def test_accrual_is_additive(llama_cal) -> None:
     """Accruing at many instants gives the same totals as accruing once at the end."""
     arrivals = [(0.05 * k, 300, 8) for k in range(10)]
-    a = make_dc(llama_cal, FixedCI(300.0), gpus_per_node=2)
-    b = make_dc(llama_cal, FixedCI(300.0), gpus_per_node=2)
+    a = make_dc(llama_cal, ConstantCI(300.0), gpus_per_node=2)
+    b = make_dc(llama_cal, ConstantCI(300.0), gpus_per_node=2)
     run_dc(a, arrivals)
     run_dc(b, arrivals)
     for t in (1.0, 2.5, 4.0, 7.0):
@@ -281,8 +282,8 @@ def test_carbon_follows_accrual_points_within_hours(llama_cal) -> None:
 # ---------------------------------------------------------------------------- CA-RM inputs
 def test_renewable_supply_reduces_grid_energy_and_carbon(llama_cal) -> None:
     arrivals = [(0.02 * k, 400, 12) for k in range(20)]
-    base = make_dc(llama_cal, FixedCI(500.0), gpus_per_node=2, pue=1.2)
-    green = make_dc(llama_cal, FixedCI(500.0), gpus_per_node=2, pue=1.2)
+    base = make_dc(llama_cal, ConstantCI(500.0), gpus_per_node=2, pue=1.2)
+    green = make_dc(llama_cal, ConstantCI(500.0), gpus_per_node=2, pue=1.2)
     supply_w = 400.0
     green.apply_carm(0.0, training_w=0.0, renewable_w=supply_w)
     run_dc(base, arrivals)
@@ -306,7 +307,7 @@ def test_renewable_share_does_not_depend_on_accrual_frequency(llama_cal) -> None
     supply_w = 500.0
 
     def run(points: list[float]) -> tuple[Datacenter, float]:
-        dc = Datacenter(DcConfig("d", gpus_per_node=1, pue=1.0), llama_cal, FixedCI(500.0))
+        dc = Datacenter(DcConfig("d", gpus_per_node=1, pue=1.0), llama_cal, ConstantCI(500.0))
         dc.apply_carm(0.0, training_w=0.0, renewable_w=supply_w)
         dc.submit(EngineRequest("r", 8000, 2, 0.0), "", 0.0)
         eng = dc.engines[0]
@@ -329,7 +330,7 @@ def test_renewable_share_does_not_depend_on_accrual_frequency(llama_cal) -> None
 
 
 def test_surplus_renewable_covers_all_facility_energy(llama_cal) -> None:
-    dc = make_dc(llama_cal, FixedCI(500.0), gpus_per_node=1, pue=1.5)
+    dc = make_dc(llama_cal, ConstantCI(500.0), gpus_per_node=1, pue=1.5)
     dc.apply_carm(0.0, training_w=0.0, renewable_w=1e6)
     dc.accrue(60.0)
     assert dc.energy.grid_j == 0.0
@@ -340,7 +341,7 @@ def test_surplus_renewable_covers_all_facility_energy(llama_cal) -> None:
 
 def test_renewable_energy_charged_at_renewable_ci(llama_cal) -> None:
     dc = Datacenter(DcConfig("r", gpus_per_node=1, pue=1.0, renewable_ci_g_per_kwh=30.0),
-                    llama_cal, FixedCI(500.0))
+                    llama_cal, ConstantCI(500.0))
     supply = 100.0
     dc.apply_carm(0.0, 0.0, supply)
     dc.accrue(3600.0)
@@ -399,7 +400,7 @@ def test_fail_all_accounts_for_every_request(llama_cal) -> None:
 )
 def test_dc_energy_floor_and_accounting(llama_cal, arrivals, nodes, gpus, routing, tail_s) -> None:
     pue, ci = 1.25, 380.0
-    dc = make_dc(llama_cal, FixedCI(ci), nodes=nodes, gpus_per_node=gpus, pue=pue,
+    dc = make_dc(llama_cal, ConstantCI(ci), nodes=nodes, gpus_per_node=gpus, pue=pue,
                  routing=routing)
     r = run_dc(dc, arrivals)
     assert len(r.finished) == len(arrivals) == dc.completed
