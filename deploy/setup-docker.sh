@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Make sure this machine can run the compose deployment and its test: a Docker engine
-# (started if it is not running), docker-compose (v1 from Debian, or the v2 plugin) and
-# debootstrap (offline base image, deploy/build-image.sh --offline).
+# (started if it is not running), both compose CLIs the deployment is tested with --
+# Debian's docker-compose (v1.29) and Compose v2 (`docker compose`, installed by
+# deploy/install-compose-v2.sh when missing) -- and debootstrap (offline base image,
+# deploy/build-image.sh --offline).
 # Idempotent: installs only what is missing (Debian/Ubuntu, root or passwordless sudo),
 # starts dockerd in the background only when no engine answers, then waits for it.
 #   DOCKERD_LOG   where a dockerd started here logs (default /tmp/geoserve-dockerd.log)
@@ -16,9 +18,7 @@ fi
 need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v docker >/dev/null 2>&1 || need+=(docker.io)
-if ! command -v docker-compose >/dev/null 2>&1 && ! docker compose version >/dev/null 2>&1; then
-  need+=(docker-compose)
-fi
+command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 if [ "${#need[@]}" -gt 0 ]; then
   mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
@@ -37,6 +37,10 @@ if [ "${#need[@]}" -gt 0 ]; then
     log "apt-get update failed (lock held?), retrying in 5 s"; sleep 5
   done
   $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${need[@]}" >/dev/null
+fi
+
+if ! docker compose version >/dev/null 2>&1; then
+  bash "$(dirname "$0")/install-compose-v2.sh"
 fi
 
 if docker info >/dev/null 2>&1; then

@@ -1,8 +1,10 @@
 """The compose deployment for real: image build, ``docker compose up``, a load, teardown.
 
-Starts a Docker engine when none runs (``deploy/setup-docker.sh``: installs docker.io,
-docker-compose and debootstrap where missing; skips only when Docker cannot be had at
-all), builds the image offline (``deploy/build-image.sh --offline --prometheus``: a
+Runs once with each compose CLI the deployment supports: Compose v2 (``docker compose``)
+and Debian's ``docker-compose`` (v1.29). Starts a Docker engine when none runs
+(``deploy/setup-docker.sh``: installs docker.io, docker-compose, the Compose v2 plugin
+and debootstrap where missing; skips only when Docker cannot be had at all), builds the
+image offline (``deploy/build-image.sh --offline --prometheus``: a
 debootstrap base reused when present, a host wheelhouse, a local Prometheus image from
 the Debian package), brings up the committed ``docker-compose.yml`` (topology small,
 a 20 s load, Prometheus, no Grafana) under a project of its own, and checks that
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -32,6 +35,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from services.common.topology import load_topology
 
@@ -59,12 +63,25 @@ def _sh(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
     return proc
 
 
-def _compose_cmd() -> list[str]:
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
-    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
-        return ["docker", "compose"]
-    pytest.fail("neither docker-compose nor the compose plugin is installed")
+COMPOSE_CLIS = {
+    # id: (command, the major version it must report)
+    "compose-v2": (["docker", "compose"], 2),
+    "docker-compose-v1": (["docker-compose"], 1),
+}
+
+
+def _compose_cmd(cli: str) -> list[str]:
+    """The command of compose CLI `cli`, after checking it is the major version it names."""
+    cmd, major = COMPOSE_CLIS[cli]
+    if shutil.which(cmd[0]) is None:
+        pytest.fail(f"{cmd[0]} is not installed (deploy/setup-docker.sh installs it)")
+    out = subprocess.run([*cmd, "version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"{' '.join(cmd)} version exited {out.returncode}: {out.stderr}"
+    m = re.search(r"version v?(\d+)\.(\d+)\.(\d+)", out.stdout)
+    assert m, f"{' '.join(cmd)} version printed no version: {out.stdout!r}"
+    assert int(m.group(1)) == major, f"{' '.join(cmd)} is {m.group(0)}, expected v{major}"
+    print(f"{' '.join(cmd)}: {m.group(0)}")
+    return cmd
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +110,9 @@ def _prom(port: int, query: str) -> list[dict]:
     return list(body["data"]["result"])
 
 
-def test_compose_up_load_scrape_swap_down(docker_engine, tmp_path):
+@pytest.mark.parametrize("cli", list(COMPOSE_CLIS))
+def test_compose_up_load_scrape_swap_down(docker_engine, tmp_path, cli):
+    compose_cmd = _compose_cmd(cli)
     t_start = time.monotonic()
     online = os.environ.get("GEOSERVE_COMPOSE_ONLINE") == "1"
     build = ["bash", "deploy/build-image.sh"] + ([] if online else ["--offline", "--prometheus"])
@@ -115,7 +134,7 @@ def test_compose_up_load_scrape_swap_down(docker_engine, tmp_path):
     })
     if not online:
         env["PROMETHEUS_IMAGE"] = LOCAL_PROMETHEUS
-    compose = [*_compose_cmd(), "-p", project, "-f", str(ROOT / "docker-compose.yml")]
+    compose = [*compose_cmd, "-p", project, "-f", str(ROOT / "docker-compose.yml")]
     topo = load_topology(TOPOLOGY)
     geoserve_services = ([f"dc-{d.name}" for d in topo.dcs]
                          + [f"scheduler-{r.name}" for r in topo.regions]
@@ -191,7 +210,77 @@ def test_compose_up_load_scrape_swap_down(docker_engine, tmp_path):
                     f"label=com.docker.compose.project={project}"], 30).stdout.split()
         vols = _sh(["docker", "volume", "ls", "-q", "--filter",
                     f"label=com.docker.compose.project={project}"], 30).stdout.split()
-        print(f"compose test took {time.monotonic() - t_start:.0f} s in all")
+        print(f"compose test ({cli}) took {time.monotonic() - t_start:.0f} s in all")
     assert not left, f"containers left behind: {left}"
     assert not nets, f"networks left behind: {nets}"
     assert not vols, f"volumes left behind: {vols}"
+
+
+def _dotenv(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            k, _, v = line.partition("=")
+            out[k.strip()] = v.strip()
+    return out
+
+
+@pytest.mark.parametrize("cli", list(COMPOSE_CLIS))
+def test_compose_config_takes_scheduler_swaps_from_env_and_override(docker_engine, tmp_path,
+                                                                    cli):
+    """Both CLIs resolve the per-region scheduler knobs documented in deploy/README.md:
+    shell/.env variables and an override file (no engine needed, only the CLI)."""
+    compose_cmd = _compose_cmd(cli)
+    topo = load_topology(TOPOLOGY)
+    region, other = topo.regions[0].name, topo.regions[1].name
+    key = region.upper().replace("-", "_")
+    dotenv = _dotenv(ROOT / ".env")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("COMPOSE_", "SCHEDULER_IMAGE_", "POLICY_"))}
+    base = [*compose_cmd, "-f", str(ROOT / "docker-compose.yml")]
+
+    def resolved(args: list[str], extra: dict[str, str]) -> dict:
+        out = _sh([*args, "config"], 60, {**env, **extra})
+        doc = yaml.safe_load(out.stdout)
+        assert isinstance(doc, dict) and "services" in doc, out.stdout[:500]
+        return dict(doc["services"])
+
+    plain = resolved(base, {})
+    assert plain[f"scheduler-{region}"]["image"] == dotenv[f"SCHEDULER_IMAGE_{key}"]
+
+    swapped = resolved(base, {f"SCHEDULER_IMAGE_{key}": "example.org/my-scheduler:1.0",
+                              f"POLICY_{key}": "greedy",
+                              f"POLICY_CONFIG_{key}": "alpha=0.5"})
+    s = swapped[f"scheduler-{region}"]
+    assert s["image"] == "example.org/my-scheduler:1.0"
+    assert s["environment"]["GEOSERVE_POLICY"] == "greedy"
+    assert s["environment"]["GEOSERVE_POLICY_CONFIG"] == "alpha=0.5"
+    assert swapped[f"scheduler-{other}"] == plain[f"scheduler-{other}"]
+
+    # .env beside the compose file is read too (the shell was cleared of these above)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "docker-compose.yml").write_text((ROOT / "docker-compose.yml").read_text())
+    (proj / ".env").write_text((ROOT / ".env").read_text().replace(
+        f"\nPOLICY_{key}=\n", f"\nPOLICY_{key}=facility-milp\n"))
+    from_file = resolved([*compose_cmd, "-f", str(proj / "docker-compose.yml")], {})
+    assert from_file[f"scheduler-{region}"]["environment"]["GEOSERVE_POLICY"] == "facility-milp"
+    assert from_file[f"scheduler-{other}"]["environment"]["GEOSERVE_POLICY"] == ""
+
+    override = tmp_path / "docker-compose.override.yml"
+    override.write_text(
+        "services:\n"
+        f"  scheduler-{region}:\n"
+        "    image: example.org/my-scheduler:2.0\n"
+        "    healthcheck:\n"
+        '      test: ["CMD", "/bin/grpc_health_probe", "-addr=127.0.0.1:50051"]\n')
+    over = resolved([*base, "-f", str(override)], {})
+    s = over[f"scheduler-{region}"]
+    assert s["image"] == "example.org/my-scheduler:2.0"
+    assert s["healthcheck"]["test"] == ["CMD", "/bin/grpc_health_probe",
+                                        "-addr=127.0.0.1:50051"]
+    # the rest of the service (command, addresses, start order) comes from the base file
+    assert s["command"] == plain[f"scheduler-{region}"]["command"]
+    assert s["environment"] == plain[f"scheduler-{region}"]["environment"]
+    assert set(s["depends_on"]) == set(plain[f"scheduler-{region}"]["depends_on"])
+    assert over[f"scheduler-{other}"] == plain[f"scheduler-{other}"]
