@@ -69,6 +69,7 @@ class SchedulerSpec:
     staleness_s: float = 5.0      # snapshot age past which the scheduler falls back to RR
     deadline_s: float = 2.0       # deadline for peer/DC calls before local fallback
     project_dispatches: bool = True  # add own dispatches since the snapshot to its state
+    project_peers: bool = True    # ... once per regional scheduler (peers route alike)
 
 
 @dataclass(frozen=True)
@@ -328,10 +329,12 @@ def _scheduler(v: _V, raw: Any, key: str, defaults: Mapping[str, Any]) -> Schedu
     if raw is not None:
         m.update(v.mapping(raw, key))
     v.known(m, key, {"policy", "policy_config", "window_s", "window_max", "osl_mode",
-                     "staleness_s", "deadline_s", "project_dispatches"})
-    project = m.get("project_dispatches", True)
-    if not isinstance(project, bool):
-        raise v.err(f"{key}.project_dispatches", f"expected true or false, got {project!r}")
+                     "staleness_s", "deadline_s", "project_dispatches", "project_peers"})
+    flags = {}
+    for flag in ("project_dispatches", "project_peers"):
+        flags[flag] = m.get(flag, True)
+        if not isinstance(flags[flag], bool):
+            raise v.err(f"{key}.{flag}", f"expected true or false, got {flags[flag]!r}")
     pc = m.get("policy_config", {}) or {}
     v.mapping(pc, f"{key}.policy_config")
     return SchedulerSpec(
@@ -342,7 +345,8 @@ def _scheduler(v: _V, raw: Any, key: str, defaults: Mapping[str, Any]) -> Schedu
         osl_mode=v.text(m, "osl_mode", f"{key}.osl_mode", "oracle", ("oracle", "predicted")),
         staleness_s=v.num(m, "staleness_s", f"{key}.staleness_s", 5.0, lo=0.0, strict_lo=True),
         deadline_s=v.num(m, "deadline_s", f"{key}.deadline_s", 2.0, lo=0.0, strict_lo=True),
-        project_dispatches=project,
+        project_dispatches=flags["project_dispatches"],
+        project_peers=flags["project_peers"],
     )
 
 

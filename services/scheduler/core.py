@@ -14,7 +14,10 @@ Theory of operation
   this scheduler's own dispatches since that snapshot was taken, projected onto the DCs'
   states as the iterative ILP projects a window (paper 1 §IV-B). Without it, every window
   until the next poll (10 windows per second at Δp = 1 s) sees the same free capacity and
-  the carbon-aware policies herd onto the greenest DC. Past ``staleness_s`` without a fresh snapshot
+  the carbon-aware policies herd onto the greenest DC. With ``project_peers`` (default
+  on) each own dispatch is projected N times, N = the number of regional schedulers:
+  the peers see the same snapshot and, until the next poll, are assumed to route as
+  this one does -- without it the N schedulers together fill a green DC N times over. Past ``staleness_s`` without a fresh snapshot
   (provisioner down) the scheduler decides round-robin over the topology's DCs and
   counts each such decision as a staleness fallback.
 * A request no DC can take gets a `Dispatch` with ``dc == ""``; the runtime rejects it.
@@ -86,6 +89,9 @@ class SchedulerCore:
         self.forward_window: list[tuple[str, str]] = []
         self.stats = SchedulerStats()
         self._since: dict[str, tuple[float, float]] = {}  # dc -> (requests, prompt tokens)
+        # each own dispatch stands for one per regional scheduler (project_peers)
+        self.projection_scale = (float(len({d.region for d in dcs}) or 1)
+                                 if spec.project_peers else 1.0)
         self.record_estimates = False
         # id -> (TTFT, TPOT) estimated on the snapshot, then on the projected view (s)
         self.estimates: dict[str, tuple[float, float, float, float]] = {}
@@ -107,13 +113,16 @@ class SchedulerCore:
         plus this scheduler's own dispatches since it was taken, as the iterative ILP
         projects a window: they join the batch up to the limit (the rest wait), their
         prompts join the queue and the KV cache. Completions since the snapshot are not
-        subtracted, so the view errs on the loaded side until the next poll."""
+        subtracted, so the view errs on the loaded side until the next poll. With
+        ``project_peers`` each dispatch counts `projection_scale` times (one per
+        regional scheduler)."""
         snap = self.snapshot
         if snap is None or not self.spec.project_dispatches or not self._since:
             return snap
         dcs = []
         for d in snap.dcs:
             n, tok = self._since.get(d.dc, (0.0, 0.0))
+            n, tok = n * self.projection_scale, tok * self.projection_scale
             if n:
                 eng = max(d.engines, 1)
                 batch = d.active_batch + n / eng
