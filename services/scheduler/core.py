@@ -17,9 +17,10 @@ Theory of operation
   the carbon-aware policies herd onto the greenest DC. With ``project_peers`` (default
   on) each own dispatch is projected N times, N = the number of regional schedulers:
   the peers see the same snapshot and, until the next poll, are assumed to route as
-  this one does -- without it the N schedulers together fill a green DC N times over. Past ``staleness_s`` without a fresh snapshot
-  (provisioner down) the scheduler decides round-robin over the topology's DCs and
-  counts each such decision as a staleness fallback.
+  this one does -- without it the N schedulers together fill a green DC N times over.
+  Past ``staleness_s`` without a fresh snapshot (provisioner down) the scheduler
+  decides round-robin over the topology's DCs and counts each such decision as a
+  staleness fallback.
 * A request no DC can take gets a `Dispatch` with ``dc == ""``; the runtime rejects it.
 * Decision time is measured through the injected ``clock`` (wall seconds); the virtual
   runtime charges it to emulated time.
