@@ -198,8 +198,16 @@ class Topology:
         dilation: float | None = None,
         seed: int | None = None,
         warmup_s: float | None = None,
+        project_peers: bool | None = None,
     ) -> Topology:
         regions = self.regions
+        if project_peers is not None:
+            regions = tuple(
+                dataclasses.replace(
+                    r, scheduler=dataclasses.replace(r.scheduler, project_peers=project_peers)
+                )
+                for r in regions
+            )
         if policy is not None or policy_config is not None:
             regions = tuple(
                 dataclasses.replace(
@@ -245,6 +253,7 @@ class Topology:
                     "aws_region": r.aws_region,
                     "policy": r.scheduler.policy,
                     "policy_config": dict(r.scheduler.policy_config),
+                    "project_peers": r.scheduler.project_peers,
                     "dcs": [
                         {
                             "name": d.name,

@@ -32,6 +32,9 @@ def register(sub: Any) -> None:
                    help="TOPOLOGY:LABEL:RATE:DURATION re-run on the wall runtime too "
                         "('' to skip)")
     p.add_argument("--report-only", action="store_true", help="rebuild the report only")
+    p.add_argument("--no-ablation", action="store_true",
+                   help="skip the re-runs of the carbon-aware policies with project_peers "
+                        "off (own dispatches only)")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -70,7 +73,7 @@ def _wall_check(spec: str, out: Path, policies: dict[str, tuple[str, dict[str, A
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from services.sweep.report import render
-    from services.sweep.run import DEFAULT_POLICIES, Point, run_sweep
+    from services.sweep.run import ABLATION_LABELS, DEFAULT_POLICIES, Point, run_sweep
 
     known = {label: (policy, cfg) for label, policy, cfg in DEFAULT_POLICIES}
     labels = [s for s in args.policies.split(",") if s] or [lb for lb, _, _ in DEFAULT_POLICIES]
@@ -89,6 +92,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for rate in rates
         for lb in labels
     ]
+    if not args.no_ablation:
+        points += [
+            Point(args.topology, lb, known[lb][0], known[lb][1], rate, args.duration,
+                  args.warmup, args.seed, project_peers=False)
+            for rate in rates
+            for lb in labels
+            if lb in ABLATION_LABELS
+        ]
     out = Path(args.out)
     t0 = time.monotonic()
     if args.report_only:
@@ -102,7 +113,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         f"--{k} {v}" for k, v in (("topology", args.topology), ("rates", args.rates),
                                   ("duration", f"{args.duration:g}"),
                                   ("warmup", f"{args.warmup:g}")))
-    render(summaries, doc, doc.parent / "img", command, wall)
+    main = [s for s in summaries if s["point"].get("project_peers", True)]
+    ablation = [s for s in summaries if not s["point"].get("project_peers", True)]
+    render(main, doc, doc.parent / "img", command, wall, ablation)
     notes = doc.parent / "results-notes.md"
     if notes.exists():
         with doc.open("a") as f:

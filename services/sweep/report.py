@@ -167,12 +167,102 @@ def expectations(by_rate: Mapping[float, Mapping[str, Mapping[str, Any]]]) -> li
     return lines
 
 
+def ablation_plot(
+    by_rate: Mapping[float, Mapping[str, Mapping[str, Any]]],
+    own_only: Mapping[float, Mapping[str, Mapping[str, Any]]],
+    img: Path,
+) -> str:
+    """SLO violation and saving of each ablated policy with the peer projection on and
+    off, one panel per load; returns the file name."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    img.mkdir(parents=True, exist_ok=True)
+    rates = sorted(own_only)
+    fig, axes = plt.subplots(2, len(rates), figsize=(5 * len(rates), 6.4), squeeze=False)
+    for j, rate in enumerate(rates):
+        runs, rr = by_rate.get(rate, {}), by_rate.get(rate, {}).get("round-robin")
+        labels = [lb for lb in sorted(own_only[rate]) if lb in runs]
+        if rr is None or not labels:
+            continue
+        xs = range(len(labels))
+        for row, name in enumerate(("SLO violation (%)", "carbon saving vs round-robin (%)")):
+
+            def value(s: Mapping[str, Any], row: int = row,
+                      rr: Mapping[str, Any] = rr) -> float:
+                return float(s["slo"]["violation_ratio"] if row == 0 else saving(s, rr)) * 100
+
+            ax = axes[row][j]
+            ax.bar([x - 0.2 for x in xs], [value(runs[lb]) for lb in labels], 0.4,
+                   label="project_peers on (default)")
+            ax.bar([x + 0.2 for x in xs], [value(own_only[rate][lb]) for lb in labels], 0.4,
+                   label="own dispatches only")
+            ax.set_xticks(list(xs), labels, rotation=20, ha="right", fontsize=8)
+            ax.set_ylabel(name)
+            ax.grid(alpha=0.3, axis="y")
+            if row == 0:
+                occ = rr.get("occupancy", {}).get("mean_batch_ratio")
+                ax.set_title(f"{rate:g} req/s ({regime_of(occ)})")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    name = "results_peer_projection.png"
+    fig.savefig(img / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
+def ablation_section(
+    by_rate: Mapping[float, Mapping[str, Mapping[str, Any]]],
+    own_only: Mapping[float, Mapping[str, Mapping[str, Any]]],
+    img: Path | None = None,
+) -> list[str]:
+    """The peer-projection ablation: each carbon-aware policy with ``project_peers`` on
+    (the tables above) against the same point with own dispatches only."""
+    if not own_only:
+        return []
+    lines = [
+        "## Peer projection on and off",
+        "",
+        "Between two polls each scheduler projects its own dispatches onto the snapshot "
+        "it decides on; with `project_peers` (the default, the tables above) every own "
+        "dispatch counts once per regional scheduler, since the peers decide on the same "
+        "snapshot. The same points with own dispatches only (`project_peers: false`):",
+        "",
+        "| load | policy | saving % on / off | SLO viol. % on / off | "
+        "TTFT p50 ms on / off | TTFT p99 ms on / off |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for rate in sorted(own_only):
+        runs = by_rate.get(rate, {})
+        rr = runs.get("round-robin")
+        regime = regime_of(rr.get("occupancy", {}).get("mean_batch_ratio") if rr else None)
+        for label, off in sorted(own_only[rate].items()):
+            on = runs.get(label)
+            if on is None or rr is None:
+                continue
+            lines.append(
+                f"| {rate:g} req/s ({regime}) | {label} | {_pct(saving(on, rr))} / "
+                f"{_pct(saving(off, rr))} | {_pct(on['slo']['violation_ratio'])} / "
+                f"{_pct(off['slo']['violation_ratio'])} | {_ms(on['ttft_s']['p50'])} / "
+                f"{_ms(off['ttft_s']['p50'])} | {_ms(on['ttft_s']['p99'])} / "
+                f"{_ms(off['ttft_s']['p99'])} |"
+            )
+    lines.append("")
+    if img is not None:
+        name = ablation_plot(by_rate, own_only, img)
+        lines += [f"![{name}](img/{name})", ""]
+    return lines
+
+
 def render(
     summaries: Sequence[Mapping[str, Any]],
     doc: Path,
     img_dir: Path,
     command: str,
     wall_check: Mapping[str, Mapping[str, Any]] | None = None,
+    ablation: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     by_rate = organise(summaries)
     files = plots(by_rate, img_dir)
@@ -224,6 +314,7 @@ def render(
             )
         lines.append("")
     lines += ["## Expectations (tested, not tuned toward)", "", *expectations(by_rate), ""]
+    lines += ablation_section(by_rate, organise(ablation), img_dir)
     lines += ["## Plots", ""]
     lines += [f"![{f}]({rel / f})" for f in files]
     lines.append("")

@@ -32,6 +32,11 @@ DEFAULT_POLICIES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("facility-milp", "facility-milp", {}),
 )
 
+# Carbon-aware policies re-run with ``project_peers: false`` (own dispatches only) for
+# the report's ablation of the peer projection.
+ABLATION_LABELS: tuple[str, ...] = ("greedy-a0", "moer", "ilp", "iterative-ilp",
+                                    "facility-milp")
+
 
 @dataclass(frozen=True)
 class Point:
@@ -43,20 +48,24 @@ class Point:
     duration_s: float = 30.0
     warmup_s: float = 10.0
     seed: int = 1
+    project_peers: bool = True
 
     @property
     def key(self) -> str:
-        return f"{Path(self.topology).stem}_{self.label}_{self.rate_rps:g}"
+        own = "" if self.project_peers else "_own-only"
+        return f"{Path(self.topology).stem}_{self.label}_{self.rate_rps:g}{own}"
 
 
 def run_point(p: Point) -> dict[str, Any]:
     topo = load_topology(p.topology).with_overrides(
         policy=p.policy, policy_config=p.config, rate_rps=p.rate_rps,
         duration_s=p.duration_s, warmup_s=p.warmup_s, seed=p.seed,
+        project_peers=p.project_peers,
     )
     summary = SimRun(topo).run()
     summary["point"] = {"label": p.label, "policy": p.policy, "config": p.config,
-                        "rate_rps": p.rate_rps, "topology": p.topology}
+                        "rate_rps": p.rate_rps, "topology": p.topology,
+                        "project_peers": p.project_peers}
     return summary
 
 

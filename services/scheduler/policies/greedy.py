@@ -9,8 +9,10 @@ Rules / theory of operation
 
   where Lat = TTFT + OSL * TPOT (estimated end-to-end latency) and CI is the DC's
   effective carbon intensity from the snapshot. Ties go to the first DC in snapshot order.
-* No capacity limit: requests of one window (or one snapshot period) all see the same
-  state, which is the herding the paper measures for small alpha.
+* No capacity limit: the requests of one call all see the same state; between calls
+  only the scheduler's projection of its dispatches since the snapshot moves the view
+  (`SchedulerCore.view`), so for small alpha the SLO-feasibility test alone stops the
+  herding onto the greenest DC that the paper measures.
 * No feasible DC -> fallback chain (here: round-robin over eligible DCs).
 """
 
