@@ -96,6 +96,16 @@ def test_rtt_override_applies_to_both_directions(tmp_path: Path) -> None:
     assert topo.rtt_s[("us-east", "eu-north")] == pytest.approx(0.25)
 
 
+def test_peer_projection_default_and_override(tmp_path: Path) -> None:
+    topo = load_topology(write(tmp_path, BASE))
+    assert all(r.scheduler.project_peers for r in topo.regions)
+    d = mutated(lambda d: d["regions"][1].update(scheduler={"project_peers": False}))
+    topo = load_topology(write(tmp_path, d, "off.yaml"))
+    assert [r.scheduler.project_peers for r in topo.regions] == [True, False]
+    assert [r.scheduler.project_peers
+            for r in topo.with_overrides(project_peers=False).regions] == [False, False]
+
+
 SHIPPED = sorted(TOPOLOGY_DIR.glob("*.yaml"))
 
 
