@@ -363,3 +363,20 @@ def test_healthprobe_against_a_real_health_server():
     dead = subprocess.run([*cli, addr, "--timeout", "0.5"], cwd=ROOT, capture_output=True,
                           text=True, timeout=30)
     assert dead.returncode == 1 and addr in dead.stderr
+
+
+def test_base_image_pinned_alike_in_dockerfile_env_and_build_script():
+    """One pinned base: the Dockerfile's default, .env and build-image.sh's fallback."""
+    import re
+
+    dockerfile = (ROOT / "deploy/Dockerfile").read_text()
+    arg = re.search(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, re.M)
+    assert arg, "deploy/Dockerfile: no ARG BASE_IMAGE=... line"
+    env = dict(line.split("=", 1) for line in (ROOT / ".env").read_text().splitlines()
+               if line and not line.startswith("#"))
+    script = re.search(r"env_value GEOSERVE_BASE_IMAGE (\S+)\)",
+                       (ROOT / "deploy/build-image.sh").read_text())
+    assert script, "deploy/build-image.sh: no GEOSERVE_BASE_IMAGE fallback"
+    assert arg.group(1) == env["GEOSERVE_BASE_IMAGE"] == script.group(1) == compose.BASE_IMAGE
+    # a version tag, not a floating one (python:3.11-slim would follow every patch release)
+    assert re.fullmatch(r"python:3\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", arg.group(1))
