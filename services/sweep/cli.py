@@ -23,7 +23,9 @@ def register(sub: Any) -> None:
                    help="labels to run (default: all of paper 1 §V, greedy at 3 alphas)")
     p.add_argument("--duration", type=float, default=30.0, help="emulated s per point")
     p.add_argument("--warmup", type=float, default=10.0)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seeds", default="1",
+                   help="load seeds, comma-separated; with several, the report gives means "
+                        "and standard deviations (default 1)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes")
     p.add_argument("--out", default="results/sweep", help="folder of per-point summaries")
     p.add_argument("--doc", default="docs/results.md")
@@ -86,16 +88,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         rates = [float(r) for r in args.rates.split(",") if r]
     except ValueError as exc:
         raise InvalidInput("--rates", f"expected numbers, got {args.rates!r}") from exc
+    try:
+        seeds = [int(x) for x in args.seeds.split(",") if x]
+    except ValueError as exc:
+        raise InvalidInput("--seeds", f"expected integers, got {args.seeds!r}") from exc
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise InvalidInput("--seeds", f"expected distinct integers, got {args.seeds!r}")
     points = [
         Point(args.topology, lb, known[lb][0], known[lb][1], rate, args.duration, args.warmup,
-              args.seed)
+              seed)
+        for seed in seeds
         for rate in rates
         for lb in labels
     ]
     if not args.no_ablation:
         points += [
             Point(args.topology, lb, known[lb][0], known[lb][1], rate, args.duration,
-                  args.warmup, args.seed, project_peers=False)
+                  args.warmup, seed, project_peers=False)
+            for seed in seeds
             for rate in rates
             for lb in labels
             if lb in ABLATION_LABELS
@@ -107,12 +117,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                      if (out / f"{p.key}.json").exists()]
     else:
         summaries = run_sweep(points, out, jobs=args.jobs, force=args.force)
-    wall = _wall_check(args.wall_check, out, known, args.seed, args.force)
+    wall = _wall_check(args.wall_check, out, known, seeds[0], args.force)
     doc = Path(args.doc)
     command = "geoserve sweep " + " ".join(
         f"--{k} {v}" for k, v in (("topology", args.topology), ("rates", args.rates),
                                   ("duration", f"{args.duration:g}"),
-                                  ("warmup", f"{args.warmup:g}")))
+                                  ("warmup", f"{args.warmup:g}"))) + (
+        f" --seeds {args.seeds}" if seeds != [1] else "")
     main = [s for s in summaries if s["point"].get("project_peers", True)]
     ablation = [s for s in summaries if not s["point"].get("project_peers", True)]
     render(main, doc, doc.parent / "img", command, wall, ablation)

@@ -63,16 +63,78 @@ def _dec(v: float | None) -> str:
     return f"{v * 1e3:.2f}" if v < 0.01 else f"{v * 1e3:.0f}"
 
 
+def _mean_tree(trees: Sequence[Any]) -> Any:
+    """Element-wise mean of summaries of one shape: numbers are averaged (None where any
+    is None), mappings recursed into, anything else taken from the first."""
+    first = trees[0]
+    if isinstance(first, Mapping):
+        return {k: _mean_tree([t[k] for t in trees if isinstance(t, Mapping) and k in t])
+                for k in first}
+    if isinstance(first, (int, float)) and not isinstance(first, bool):
+        if all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in trees):
+            return sum(float(t) for t in trees) / len(trees)
+        return None
+    return first
+
+
+def seed_of(s: Mapping[str, Any]) -> int:
+    return int(s["config"]["load"]["seed"])
+
+
+def combine(runs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """One point over several seeds: the mean summary, with the runs by seed kept under
+    ``_runs`` (one run is returned as it is)."""
+    if len(runs) == 1:
+        return runs[0]
+    out = dict(_mean_tree(runs))
+    out["_runs"] = {seed_of(r): r for r in runs}
+    return out
+
+
 def organise(summaries: Sequence[Mapping[str, Any]]) -> dict[float, dict[str, Mapping[str, Any]]]:
-    by_rate: dict[float, dict[str, Mapping[str, Any]]] = {}
+    """Summaries by rate and label, seeds of one point combined (`combine`)."""
+    groups: dict[float, dict[str, list[Mapping[str, Any]]]] = {}
     for s in summaries:
         p = s["point"]
-        by_rate.setdefault(float(p["rate_rps"]), {})[p["label"]] = s
-    return by_rate
+        groups.setdefault(float(p["rate_rps"]), {}).setdefault(p["label"], []).append(s)
+    return {rate: {lb: combine(runs) for lb, runs in by_label.items()}
+            for rate, by_label in groups.items()}
+
+
+def _paired(s: Mapping[str, Any], rr: Mapping[str, Any]) -> list[float]:
+    """Per-seed savings of `s` against round-robin with the same seed."""
+    a, b = s.get("_runs"), rr.get("_runs")
+    if not a or not b:
+        return [1.0 - s["carbon_g"]["total"] / rr["carbon_g"]["total"]]
+    return [1.0 - a[k]["carbon_g"]["total"] / b[k]["carbon_g"]["total"]
+            for k in sorted(set(a) & set(b))]
 
 
 def saving(s: Mapping[str, Any], rr: Mapping[str, Any]) -> float:
-    return 1.0 - s["carbon_g"]["total"] / rr["carbon_g"]["total"]
+    """Carbon saving against round-robin (mean of the per-seed savings)."""
+    v = _paired(s, rr)
+    return sum(v) / len(v)
+
+
+def _sd(v: Sequence[float]) -> float | None:
+    if len(v) < 2:
+        return None
+    m = sum(v) / len(v)
+    return math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
+
+
+def saving_sd(s: Mapping[str, Any], rr: Mapping[str, Any]) -> float | None:
+    """Sample standard deviation of the per-seed savings (None for one seed)."""
+    return _sd(_paired(s, rr))
+
+
+def violation_sd(s: Mapping[str, Any]) -> float | None:
+    runs = s.get("_runs") or {}
+    return _sd([r["slo"]["violation_ratio"] for r in runs.values()])
+
+
+def _pct_sd(v: float | None, sd: float | None) -> str:
+    return _pct(v) if sd is None else f"{_pct(v)} ± {sd * 100:.1f}"
 
 
 def plots(by_rate: Mapping[float, Mapping[str, Mapping[str, Any]]], img: Path) -> list[str]:
@@ -270,6 +332,9 @@ def render(
     first = summaries[0]
     cfg = first["config"]
     load = cfg["load"]
+    seeds = sorted({seed_of(x) for x in summaries})
+    seeds_text = (f"seed {seeds[0]}" if len(seeds) == 1
+                  else "seeds " + ", ".join(str(k) for k in seeds))
     lines = [
         "# Results: carbon and SLO across policies and loads",
         "",
@@ -279,13 +344,16 @@ def render(
         f"Topology `{cfg['name']}` ({len(cfg['regions'])} regions × "
         f"{len(cfg['regions'][0]['dcs'])} DCs, {cfg['regions'][0]['dcs'][0]['setup']}), "
         f"dataset {load['dataset']}, {load['duration_s']:g} s per point of which "
-        f"{load['warmup_s']:g} s warm-up, seed {load['seed']}, SLO TTFT "
+        f"{load['warmup_s']:g} s warm-up, {seeds_text}, SLO TTFT "
         f"{cfg['slo']['ttft_s']} s / TPOT {cfg['slo']['tpot_s'] * 1e3:.0f} ms. "
         "Load regime as in the paper: round-robin's mean per-engine batch over the batch "
         "limit, < 15 % low, 15–40 % moderate, > 40 % high. Savings are relative to "
         "round-robin at the same load; violation counts requests that miss TTFT or TPOT "
         "(rejected or failed count as violations). Decision time is per request for "
-        "per-request policies and per window (≤ 300 requests) for window policies.",
+        "per-request policies and per window (≤ 300 requests) for window policies."
+        + (" Over several seeds every figure is the mean over the seeds, and saving and "
+           "violation show ± the sample standard deviation (savings paired with "
+           "round-robin's run of the same seed)." if len(seeds) > 1 else ""),
         "",
     ]
     for rate in sorted(by_rate):
@@ -306,9 +374,11 @@ def render(
             d = s["scheduler"]["decision_s"]
             fwd = s["requests"]["forwarded"] / max(s["requests"]["emitted"], 1)
             paper = PAPER.get(regime, {}).get(label) or PAPER.get(regime, {}).get("*", "")
+            sv_sd = saving_sd(s, rr) if rr else None
             lines.append(
-                f"| {label} | {s['carbon_g']['total']:.0f} | {_pct(sv)} | "
-                f"{_pct(s['slo']['violation_ratio'])} | {_ms(t['p50'])}/{_ms(t['p90'])}/"
+                f"| {label} | {s['carbon_g']['total']:.0f} | {_pct_sd(sv, sv_sd)} | "
+                f"{_pct_sd(s['slo']['violation_ratio'], violation_sd(s))} | "
+                f"{_ms(t['p50'])}/{_ms(t['p90'])}/"
                 f"{_ms(t['p99'])} | {_ms(s['tpot_s']['p50'])} | {_dec(d['p50'])}/"
                 f"{_dec(d['p99'])} | {_pct(fwd)} | {paper} |"
             )

@@ -53,7 +53,8 @@ class Point:
     @property
     def key(self) -> str:
         own = "" if self.project_peers else "_own-only"
-        return f"{Path(self.topology).stem}_{self.label}_{self.rate_rps:g}{own}"
+        seed = "" if self.seed == 1 else f"_s{self.seed}"
+        return f"{Path(self.topology).stem}_{self.label}_{self.rate_rps:g}{own}{seed}"
 
 
 def run_point(p: Point) -> dict[str, Any]:

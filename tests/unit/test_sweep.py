@@ -47,3 +47,43 @@ def test_sweep_runs_points_and_the_peer_projection_ablation(tmp_path: Path) -> N
                            timeout=120)
     assert again.returncode == 0, again.stderr[-2000:]
     assert doc.read_text() == text
+
+
+def test_sweep_over_seeds_reports_means_and_spread(tmp_path: Path) -> None:
+    out, doc = tmp_path / "points", tmp_path / "doc" / "results.md"
+    cmd = [sys.executable, "-m", "services.cli", "sweep", "--topology", "topologies/small.yaml",
+           "--rates", "20", "--policies", "greedy-a0", "--duration", "6", "--warmup", "1",
+           "--jobs", "2", "--out", str(out), "--doc", str(doc), "--wall-check", "",
+           "--seeds", "1,2", "--no-ablation"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    runs = {(lb, seed): json.loads((out / f"small_{lb}_20{sfx}.json").read_text())
+            for lb in ("round-robin", "greedy-a0") for seed, sfx in ((1, ""), (2, "_s2"))}
+    assert {s["config"]["load"]["seed"] for s in runs.values()} == {1, 2}
+    assert not list(out.glob("*own-only*"))
+
+    text = doc.read_text()
+    assert "seeds 1, 2" in text and "--seeds 1,2" in text
+    row = next(ln for ln in text.splitlines() if ln.startswith("| greedy-a0 |"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    carbon = (runs[("greedy-a0", 1)]["carbon_g"]["total"]
+              + runs[("greedy-a0", 2)]["carbon_g"]["total"]) / 2
+    assert cells[1] == f"{carbon:.0f}"
+    # saving: mean of the two per-seed savings, each against round-robin of its seed
+    per_seed = [1 - runs[("greedy-a0", k)]["carbon_g"]["total"]
+                / runs[("round-robin", k)]["carbon_g"]["total"] for k in (1, 2)]
+    mean = sum(per_seed) / 2
+    sd = abs(per_seed[0] - per_seed[1]) / 2 ** 0.5
+    assert cells[2] == f"{mean * 100:.1f} ± {sd * 100:.1f}"
+    assert " ± " in cells[3]
+
+
+def test_sweep_rejects_bad_seeds(tmp_path: Path) -> None:
+    for bad in ("1,x", "2,2"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "services.cli", "sweep", "--seeds", bad, "--out",
+             str(tmp_path / "p"), "--doc", str(tmp_path / "d.md"), "--wall-check", ""],
+            cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert "--seeds" in proc.stderr and bad in proc.stderr
+        assert not (tmp_path / "p").exists()
