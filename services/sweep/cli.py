@@ -28,7 +28,8 @@ def register(sub: Any) -> None:
                         "and standard deviations (default 1)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes")
     p.add_argument("--out", default="results/sweep", help="folder of per-point summaries")
-    p.add_argument("--doc", default="docs/results.md")
+    p.add_argument("--doc", default="docs/results.md",
+                   help="report to write; a hand-written NAME-notes.md beside it is appended")
     p.add_argument("--force", action="store_true", help="re-run points already done")
     p.add_argument("--wall-check", default="small:greedy-a0.5:12:60",
                    help="TOPOLOGY:LABEL:RATE:DURATION re-run on the wall runtime too "
@@ -127,7 +128,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     main = [s for s in summaries if s["point"].get("project_peers", True)]
     ablation = [s for s in summaries if not s["point"].get("project_peers", True)]
     render(main, doc, doc.parent / "img", command, wall, ablation)
-    notes = doc.parent / "results-notes.md"
+    notes = doc.with_name(f"{doc.stem}-notes.md")  # docs/results.md <- docs/results-notes.md
     if notes.exists():
         with doc.open("a") as f:
             f.write("\n" + notes.read_text())

@@ -14,6 +14,9 @@ from services.common.topology import ROOT
 
 def test_sweep_runs_points_and_the_peer_projection_ablation(tmp_path: Path) -> None:
     out, doc = tmp_path / "points", tmp_path / "doc" / "results.md"
+    doc.parent.mkdir()
+    (doc.parent / "results-notes.md").write_text("## Hand-written notes\n\nmarker 7f3a\n")
+    (doc.parent / "other-notes.md").write_text("not for this report\n")
     cmd = [sys.executable, "-m", "services.cli", "sweep", "--topology", "topologies/small.yaml",
            "--rates", "20", "--policies", "ilp", "--duration", "6", "--warmup", "1",
            "--jobs", "1", "--out", str(out), "--doc", str(doc), "--wall-check", ""]
@@ -41,6 +44,9 @@ def test_sweep_runs_points_and_the_peer_projection_ablation(tmp_path: Path) -> N
     assert viol == (f"{on['slo']['violation_ratio'] * 100:.1f} / "
                     f"{off['slo']['violation_ratio'] * 100:.1f}")
     assert (doc.parent / "img").is_dir()
+    # the notes written by hand beside the report (NAME-notes.md) close it, others do not
+    assert text.endswith("## Hand-written notes\n\nmarker 7f3a\n")
+    assert "not for this report" not in text
 
     # --report-only rebuilds the same report from the stored points without running any
     again = subprocess.run(cmd + ["--report-only"], cwd=ROOT, capture_output=True, text=True,
