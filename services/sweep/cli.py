@@ -120,11 +120,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         summaries = run_sweep(points, out, jobs=args.jobs, force=args.force)
     wall = _wall_check(args.wall_check, out, known, seeds[0], args.force)
     doc = Path(args.doc)
-    command = "geoserve sweep " + " ".join(
-        f"--{k} {v}" for k, v in (("topology", args.topology), ("rates", args.rates),
-                                  ("duration", f"{args.duration:g}"),
-                                  ("warmup", f"{args.warmup:g}"))) + (
-        f" --seeds {args.seeds}" if seeds != [1] else "")
+    # the command that re-creates this report: the settings that shape it, defaults left out
+    parts = [("topology", args.topology), ("rates", args.rates),
+             ("duration", f"{args.duration:g}"), ("warmup", f"{args.warmup:g}")]
+    if args.policies:
+        parts.append(("policies", args.policies))
+    if seeds != [1]:
+        parts.append(("seeds", args.seeds))
+    if args.out != "results/sweep":
+        parts.append(("out", args.out))
+    if args.doc != "docs/results.md":
+        parts.append(("doc", args.doc))
+    if args.wall_check != "small:greedy-a0.5:12:60":
+        parts.append(("wall-check", args.wall_check or "''"))
+    command = "geoserve sweep " + " ".join(f"--{k} {v}" for k, v in parts) + (
+        " --no-ablation" if args.no_ablation else "")
     main = [s for s in summaries if s["point"].get("project_peers", True)]
     ablation = [s for s in summaries if not s["point"].get("project_peers", True)]
     render(main, doc, doc.parent / "img", command, wall, ablation)

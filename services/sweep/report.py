@@ -137,7 +137,9 @@ def _pct_sd(v: float | None, sd: float | None) -> str:
     return _pct(v) if sd is None else f"{_pct(v)} ± {sd * 100:.1f}"
 
 
-def plots(by_rate: Mapping[float, Mapping[str, Mapping[str, Any]]], img: Path) -> list[str]:
+def plots(by_rate: Mapping[float, Mapping[str, Mapping[str, Any]]], img: Path,
+          prefix: str = "results") -> list[str]:
+    """The report's plots, written to `img` as PREFIX_*.png; returns the file names."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -163,9 +165,9 @@ def plots(by_rate: Mapping[float, Mapping[str, Mapping[str, Any]]], img: Path) -
         ax.set_ylabel("SLO violation (%)")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(img / "results_saving_vs_violation.png", dpi=110)
+    fig.savefig(img / f"{prefix}_saving_vs_violation.png", dpi=110)
     plt.close(fig)
-    files.append("results_saving_vs_violation.png")
+    files.append(f"{prefix}_saving_vs_violation.png")
 
     high = by_rate[rates[-1]]
     labels = sorted(high)
@@ -180,9 +182,9 @@ def plots(by_rate: Mapping[float, Mapping[str, Mapping[str, Any]]], img: Path) -
     ax.set_title(f"TTFT at the highest load ({rates[-1]:g} req/s)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(img / "results_ttft_high.png", dpi=110)
+    fig.savefig(img / f"{prefix}_ttft_high.png", dpi=110)
     plt.close(fig)
-    files.append("results_ttft_high.png")
+    files.append(f"{prefix}_ttft_high.png")
 
     fig, ax = plt.subplots(figsize=(10, 4))
     for k, q in enumerate(("p50", "p99")):
@@ -194,9 +196,9 @@ def plots(by_rate: Mapping[float, Mapping[str, Mapping[str, Any]]], img: Path) -
     ax.set_title(f"Scheduler overhead at {rates[-1]:g} req/s")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(img / "results_overhead.png", dpi=110)
+    fig.savefig(img / f"{prefix}_overhead.png", dpi=110)
     plt.close(fig)
-    files.append("results_overhead.png")
+    files.append(f"{prefix}_overhead.png")
     return files
 
 
@@ -233,6 +235,7 @@ def ablation_plot(
     by_rate: Mapping[float, Mapping[str, Mapping[str, Any]]],
     own_only: Mapping[float, Mapping[str, Mapping[str, Any]]],
     img: Path,
+    prefix: str = "results",
 ) -> str:
     """SLO violation and saving of each ablated policy with the peer projection on and
     off, one panel per load; returns the file name."""
@@ -269,7 +272,7 @@ def ablation_plot(
                 ax.set_title(f"{rate:g} req/s ({regime_of(occ)})")
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
-    name = "results_peer_projection.png"
+    name = f"{prefix}_peer_projection.png"
     fig.savefig(img / name, dpi=110)
     plt.close(fig)
     return name
@@ -279,6 +282,7 @@ def ablation_section(
     by_rate: Mapping[float, Mapping[str, Mapping[str, Any]]],
     own_only: Mapping[float, Mapping[str, Mapping[str, Any]]],
     img: Path | None = None,
+    prefix: str = "results",
 ) -> list[str]:
     """The peer-projection ablation: each carbon-aware policy with ``project_peers`` on
     (the tables above) against the same point with own dispatches only."""
@@ -313,7 +317,7 @@ def ablation_section(
             )
     lines.append("")
     if img is not None:
-        name = ablation_plot(by_rate, own_only, img)
+        name = ablation_plot(by_rate, own_only, img, prefix)
         lines += [f"![{name}](img/{name})", ""]
     return lines
 
@@ -327,7 +331,7 @@ def render(
     ablation: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     by_rate = organise(summaries)
-    files = plots(by_rate, img_dir)
+    files = plots(by_rate, img_dir, doc.stem)  # docs/results.md -> img/results_*.png
     rel = Path("img")
     first = summaries[0]
     cfg = first["config"]
@@ -384,7 +388,7 @@ def render(
             )
         lines.append("")
     lines += ["## Expectations (tested, not tuned toward)", "", *expectations(by_rate), ""]
-    lines += ablation_section(by_rate, organise(ablation), img_dir)
+    lines += ablation_section(by_rate, organise(ablation), img_dir, doc.stem)
     lines += ["## Plots", ""]
     lines += [f"![{f}]({rel / f})" for f in files]
     lines.append("")

@@ -43,7 +43,11 @@ def test_sweep_runs_points_and_the_peer_projection_ablation(tmp_path: Path) -> N
     viol = rows[0].split("|")[4].strip()
     assert viol == (f"{on['slo']['violation_ratio'] * 100:.1f} / "
                     f"{off['slo']['violation_ratio'] * 100:.1f}")
-    assert (doc.parent / "img").is_dir()
+    # plots are named after the report, so reports in one folder keep their own
+    assert {p.name for p in (doc.parent / "img").iterdir()} == {
+        f"results_{n}.png" for n in ("saving_vs_violation", "ttft_high", "overhead",
+                                     "peer_projection")}
+    assert "![results_peer_projection.png](img/results_peer_projection.png)" in text
     # the notes written by hand beside the report (NAME-notes.md) close it, others do not
     assert text.endswith("## Hand-written notes\n\nmarker 7f3a\n")
     assert "not for this report" not in text
