@@ -138,7 +138,7 @@ def _pct_sd(v: float | None, sd: float | None) -> str:
 
 
 def plots(by_rate: Mapping[float, Mapping[str, Mapping[str, Any]]], img: Path,
-          prefix: str = "results") -> list[str]:
+          prefix: str) -> list[str]:
     """The report's plots, written to `img` as PREFIX_*.png; returns the file names."""
     import matplotlib
 
@@ -235,7 +235,7 @@ def ablation_plot(
     by_rate: Mapping[float, Mapping[str, Mapping[str, Any]]],
     own_only: Mapping[float, Mapping[str, Mapping[str, Any]]],
     img: Path,
-    prefix: str = "results",
+    prefix: str,
 ) -> str:
     """SLO violation and saving of each ablated policy with the peer projection on and
     off, one panel per load; returns the file name."""
@@ -253,17 +253,18 @@ def ablation_plot(
         if rr is None or not labels:
             continue
         xs = range(len(labels))
-        for row, name in enumerate(("SLO violation (%)", "carbon saving vs round-robin (%)")):
-
-            def value(s: Mapping[str, Any], row: int = row,
-                      rr: Mapping[str, Any] = rr) -> float:
-                return float(s["slo"]["violation_ratio"] if row == 0 else saving(s, rr)) * 100
-
+        on = [runs[lb] for lb in labels]
+        off = [own_only[rate][lb] for lb in labels]
+        panels = (
+            ("SLO violation (%)", [[s["slo"]["violation_ratio"] * 100 for s in v]
+                                   for v in (on, off)]),
+            ("carbon saving vs round-robin (%)", [[saving(s, rr) * 100 for s in v]
+                                                  for v in (on, off)]),
+        )
+        for row, (name, (on_vals, off_vals)) in enumerate(panels):
             ax = axes[row][j]
-            ax.bar([x - 0.2 for x in xs], [value(runs[lb]) for lb in labels], 0.4,
-                   label="project_peers on (default)")
-            ax.bar([x + 0.2 for x in xs], [value(own_only[rate][lb]) for lb in labels], 0.4,
-                   label="own dispatches only")
+            ax.bar([x - 0.2 for x in xs], on_vals, 0.4, label="project_peers on (default)")
+            ax.bar([x + 0.2 for x in xs], off_vals, 0.4, label="own dispatches only")
             ax.set_xticks(list(xs), labels, rotation=20, ha="right", fontsize=8)
             ax.set_ylabel(name)
             ax.grid(alpha=0.3, axis="y")
@@ -281,8 +282,8 @@ def ablation_plot(
 def ablation_section(
     by_rate: Mapping[float, Mapping[str, Mapping[str, Any]]],
     own_only: Mapping[float, Mapping[str, Mapping[str, Any]]],
-    img: Path | None = None,
-    prefix: str = "results",
+    img: Path,
+    prefix: str,
 ) -> list[str]:
     """The peer-projection ablation: each carbon-aware policy with ``project_peers`` on
     (the tables above) against the same point with own dispatches only."""
@@ -315,11 +316,8 @@ def ablation_section(
                 f"{_ms(off['ttft_s']['p50'])} | {_ms(on['ttft_s']['p99'])} / "
                 f"{_ms(off['ttft_s']['p99'])} |"
             )
-    lines.append("")
-    if img is not None:
-        name = ablation_plot(by_rate, own_only, img, prefix)
-        lines += [f"![{name}](img/{name})", ""]
-    return lines
+    name = ablation_plot(by_rate, own_only, img, prefix)
+    return [*lines, "", f"![{name}](img/{name})", ""]
 
 
 def render(

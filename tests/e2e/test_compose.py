@@ -38,6 +38,7 @@ import pytest
 import yaml
 
 from services.common.topology import load_topology
+from services.deploy.compose import env_key
 
 pytestmark = [pytest.mark.docker]
 
@@ -233,7 +234,7 @@ def test_compose_config_takes_scheduler_swaps_from_env_and_override(docker_engin
     compose_cmd = _compose_cmd(cli)
     topo = load_topology(TOPOLOGY)
     region, other = topo.regions[0].name, topo.regions[1].name
-    key = region.upper().replace("-", "_")
+    key = env_key(region)
     dotenv = _dotenv(ROOT / ".env")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("COMPOSE_", "SCHEDULER_IMAGE_", "POLICY_"))}
