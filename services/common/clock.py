@@ -1,24 +1,50 @@
-"""Wall clock with time dilation, shared by every process of one run.
+"""Clocks: one interface, two implementations.
 
-Emulated time t (seconds) maps to wall time ``epoch_unix + t * dilation``: every sleep,
-RTT, window and poll period is stretched by the dilation factor k >= 1, and every
-recorded latency is emulated time (wall / k). All processes of a run get the same epoch,
-so their emulated clocks agree. `sleep_until` returns how late the wake-up was
-(emulated seconds) — the overrun detector's sample.
+Every driver (engine stepping, provisioner polling, the scheduler's window, forwarding,
+the back path) is written against `Clock`: ``now()`` in emulated seconds and
+``call_at(t, fn, *args)`` to run a callback at emulated time ``t``. The logic never knows
+which clock it runs on — as SimPy's `RealtimeEnvironment` only overrides ``step()``.
+
+* `WallClock` — emulated time t maps to wall time ``epoch_unix + t * dilation``: every
+  sleep, RTT, window and poll period is stretched by the dilation factor k >= 1, and every
+  recorded latency is emulated time (wall / k). All processes of a run get the same
+  epoch, so their emulated clocks agree. ``call_at`` goes through the running asyncio
+  loop; `sleep_until` returns how late the wake-up was (emulated seconds) — the overrun
+  detector's sample.
+* `services.common.vclock.VirtualClock` — an event heap that runs callbacks in time order
+  without sleeping.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from services.common.errors import InvalidInput
 
 
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    """What a driver needs of a clock."""
+
+    def now(self) -> float:
+        """Emulated seconds."""
+        ...
+
+    def call_at(self, t: float, fn: Callable[..., Any], *args: Any) -> Cancellable:
+        """Run ``fn(*args)`` at emulated time `t` (at once if `t` has passed)."""
+        ...
+
+
 class WallClock:
     def __init__(self, dilation: float = 1.0, epoch_unix: float | None = None) -> None:
-        if not dilation >= 1.0:
-            raise InvalidInput("dilation", f"must be >= 1, got {dilation}")
+        if not dilation >= 1.0 or dilation == float("inf"):
+            raise InvalidInput("dilation", f"must be a finite number >= 1, got {dilation}")
         self.dilation = dilation
         self.epoch_unix = time.time() if epoch_unix is None else epoch_unix
 
@@ -28,6 +54,11 @@ class WallClock:
 
     def wall_delay(self, emulated_s: float) -> float:
         return emulated_s * self.dilation
+
+    def call_at(self, t: float, fn: Callable[..., Any], *args: Any) -> asyncio.TimerHandle:
+        loop = asyncio.get_running_loop()
+        delay = self.epoch_unix + t * self.dilation - time.time()
+        return loop.call_at(loop.time() + max(delay, 0.0), fn, *args)
 
     async def sleep(self, emulated_s: float) -> None:
         if emulated_s > 0:

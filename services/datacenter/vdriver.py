@@ -35,8 +35,8 @@ class VirtualDcRuntime:
 
     def submit(self, req: EngineRequest, model: str = "") -> int:
         """Submit at the clock's now (raises InvalidInput / CapacityExceeded / Unavailable)."""
-        req.arrival_s = self.clock.now
-        idx = self.dc.submit(req, model, self.clock.now)
+        req.arrival_s = self.clock.now()
+        idx = self.dc.submit(req, model, self.clock.now())
         self._kick(idx)
         return idx
 
@@ -44,13 +44,13 @@ class VirtualDcRuntime:
         eng = self.dc.engines[idx]
         if eng.busy:
             return
-        plan = eng.next_step(self.clock.now)
+        plan = eng.next_step(self.clock.now())
         if plan is not None:
             self.clock.call_at(plan.end_s, self._complete, idx)
 
     def _complete(self, idx: int) -> None:
         eng = self.dc.engines[idx]
-        events = eng.complete_step(self.clock.now)
+        events = eng.complete_step(self.clock.now())
         for ev in events:
             if ev.kind == FINISHED:
                 self.dc.completed += 1
@@ -59,7 +59,7 @@ class VirtualDcRuntime:
 
     def crash(self) -> list[tuple[int, EngineRequest]]:
         """Lose every request in flight (a killed DC process)."""
-        return self.dc.fail_all(self.clock.now)
+        return self.dc.fail_all(self.clock.now())
 
 
 @dataclass(frozen=True)
@@ -105,12 +105,12 @@ def replay(
     def kick(i: int) -> None:
         eng = engines[i]
         if not eng.busy:
-            plan = eng.next_step(clock.now)
+            plan = eng.next_step(clock.now())
             if plan is not None:
                 clock.call_at(plan.end_s, complete, i)
 
     def complete(i: int) -> None:
-        for ev in engines[i].complete_step(clock.now):
+        for ev in engines[i].complete_step(clock.now()):
             if ev.finished is not None:
                 done[ev.request_id] = ev.finished
         kick(i)
@@ -118,7 +118,7 @@ def replay(
     def arrive(k: int) -> None:
         it = items[k]
         engines[it.engine].enqueue(
-            EngineRequest(str(k), it.isl_tokens, it.osl_tokens, clock.now), clock.now
+            EngineRequest(str(k), it.isl_tokens, it.osl_tokens, clock.now()), clock.now()
         )
         kick(it.engine)
 
@@ -129,7 +129,7 @@ def replay(
             raise InvalidInput("engine", f"item {k}: engine {it.engine} not in [0, {n_engines})")
         clock.call_at(it.arrival_s, arrive, k)
     clock.run()
-    end = clock.now
+    end = clock.now()
     return ReplayResult(
         finished=[done[str(k)] for k in range(len(items))],
         gpu_active_j=sum(e.energy.active_j for e in engines),

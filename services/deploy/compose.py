@@ -227,6 +227,7 @@ def _layout(topo: Topology, out_dir: Path) -> dict[str, Any]:
             "SCHEDULER_ADDRS": _addr_map([(r.name, scheduler_service(r.name))
                                           for r in topo.regions]),
             "DC_ADDRS": _addr_map([(d.name, dc_service(d.name)) for d in topo.dcs]),
+            "PROVISIONER_ADDR": f"provisioner:{GRPC_PORT}",
             "GEOSERVE_OUT": RESULTS_IN_CONTAINER,
             "GEOSERVE_EXTRA_ARGS": "${LOADGEN_ARGS:-}",
         },

@@ -19,6 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="REGION=HOST:PORT,... of the regional schedulers")
     p.add_argument("--dcs", default=os.environ.get("DC_ADDRS", ""),
                    help="DC=HOST:PORT,... (energy and carbon are read from them)")
+    p.add_argument("--provisioner", default=os.environ.get("PROVISIONER_ADDR", ""),
+                   help="HOST:PORT of the provisioner (poll and snapshot counts)")
     p.add_argument("--out", default=os.environ.get("GEOSERVE_OUT", ""), help="results folder")
     p.add_argument("--rate", type=float, default=None)
     p.add_argument("--duration", type=float, default=None)
@@ -52,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         dcs = parse_addr_map(args.dcs, "--dcs")
         clock = WallClock(topo.dilation, args.epoch)
         gen = LoadGenerator(topo, scheds, dcs, clock, Path(args.out) if args.out else None,
-                            drain_limit_s=args.drain_limit, progress_every_s=args.progress_every)
+                            drain_limit_s=args.drain_limit, progress_every_s=args.progress_every,
+                            provisioner=args.provisioner or None)
         if metrics_port(args.metrics_port):
             gen.metrics = LoadgenMetrics({r.name: r.scheduler.policy for r in topo.regions})
             gen.metrics.attach(clock.now, clock.dilation)

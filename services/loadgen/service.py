@@ -31,6 +31,8 @@ import grpc
 from geoserve.v1 import common_pb2 as pb
 from geoserve.v1 import datacenter_pb2 as dpb
 from geoserve.v1 import datacenter_pb2_grpc as dgrpc
+from geoserve.v1 import provisioner_pb2 as ppb
+from geoserve.v1 import provisioner_pb2_grpc as pgrpc
 from geoserve.v1 import scheduler_pb2 as spb
 from geoserve.v1 import scheduler_pb2_grpc as sgrpc
 
@@ -40,7 +42,15 @@ from services.common.metrics import LoadgenMetrics
 from services.common.topology import Topology
 from services.loadgen.plan import PlannedRequest, plan_requests
 from services.loadgen.records import COMPLETED, FAILED, REJECTED, RecordRow, write_csv
-from services.loadgen.summary import DcFinal, format_table, summarize
+from services.loadgen.summary import (
+    dc_final_from_states,
+    format_table,
+    load_window,
+    occupancy_block,
+    summarize,
+)
+from services.provisioner.convert import window_stats_from_proto
+from services.scheduler.summary import block_from_info
 
 STATE_NAMES = {pb.COMPLETED: COMPLETED, pb.REJECTED: REJECTED, pb.FAILED: FAILED}
 
@@ -101,31 +111,6 @@ def failed_row(plan: PlannedRequest, t0: float, emitted_s: float, reason: str) -
     )
 
 
-def dc_final_from_states(start: pb.DcState, end: pb.DcState) -> DcFinal:
-    """Energy and carbon between two DC states (the load window)."""
-    a, b = start.energy, end.energy
-    grid_j = b.grid_j - a.grid_j
-    carbon = end.carbon_g - start.carbon_g
-    mean_ci = carbon / (grid_j / 3.6e6) if grid_j > 0 else end.grid_ci_g_per_kwh
-    return DcFinal(
-        dc=end.dc,
-        region=end.region,
-        zone=end.zone,
-        gpu_active_j=b.gpu_active_j - a.gpu_active_j,
-        gpu_idle_j=b.gpu_idle_j - a.gpu_idle_j,
-        host_j=b.host_j - a.host_j,
-        training_j=b.training_j - a.training_j,
-        facility_j=b.facility_j - a.facility_j,
-        renewable_j=b.renewable_j - a.renewable_j,
-        grid_j=grid_j,
-        carbon_g=carbon,
-        lateness_s_p99=end.lateness_s_p99,
-        lateness_s_max=end.lateness_s_max,
-        faithful=end.faithful,
-        mean_ci_g_per_kwh=mean_ci,
-    )
-
-
 class LoadGenerator:
     def __init__(
         self,
@@ -137,8 +122,10 @@ class LoadGenerator:
         drain_limit_s: float = 120.0,
         progress_every_s: float = 5.0,
         stream: TextIO = sys.stdout,
+        provisioner: str | None = None,
     ) -> None:
         self.topo = topo
+        self.provisioner = provisioner
         self.schedulers = dict(schedulers)
         self.dcs = dict(dcs)
         self.clock = clock
@@ -169,15 +156,24 @@ class LoadGenerator:
         got = await asyncio.gather(*(one(n, a) for n, a in self.dcs.items()))
         return {n: s for n, s in got if s is not None}
 
+    async def _provisioner_stats(self, since_s: float, until_s: float
+                                 ) -> ppb.ProvisionerStats | None:
+        if not self.provisioner:
+            return None
+        async with grpc.aio.insecure_channel(self.provisioner, options=CHANNEL_OPTIONS) as ch:
+            try:
+                return await pgrpc.ProvisionerStub(ch).GetStats(
+                    ppb.GetStatsRequest(since_s=since_s, until_s=until_s), timeout=5)
+            except grpc.aio.AioRpcError:
+                return None
+
     async def _scheduler_info(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for region, addr in self.schedulers.items():
             async with grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS) as ch:
                 try:
                     i = await sgrpc.SchedulerStub(ch).Info(spb.SchedulerInfoRequest(), timeout=5)
-                    out[region] = {"policy": i.policy, "decisions": i.decisions,
-                                   "forwarded": i.forwarded, "fallbacks": i.fallbacks,
-                                   "snapshot_age_s": i.snapshot_age_s}
+                    out[region] = block_from_info(i)
                 except grpc.aio.AioRpcError as exc:
                     out[region] = {"error": exc.code().name}
         return out
@@ -293,6 +289,11 @@ class LoadGenerator:
                     p, self.t0, emitted, "no record before the run ended (drain limit)"))
         end_states = await self._dc_states()
         sched = await self._scheduler_info()
+        load = self.topo.load
+        prov_st = await self._provisioner_stats(self.t0, self.t0 + load.duration_s)
+        occ = await self._provisioner_stats(self.t0 + load.warmup_s,
+                                            self.t0 + load.duration_s)
+        prov = window_stats_from_proto(prov_st).as_dict() if prov_st is not None else None
         end = self.clock.now()
         finals = [
             dc_final_from_states(start_states[n], end_states[n])
@@ -320,17 +321,11 @@ class LoadGenerator:
             scheduler=sched,
             wall_s=time.monotonic() - wall0,
             emulated_s=end - self.t0,
+            provisioner=prov,
+            occupancy=occupancy_block(occ.mean_batch_ratio if occ else None,
+                                      occ.occupancy_samples if occ else 0),  # 0.0: none
+            window=load_window(self.t0, end, start_states, end_states),
         )
-        summary["window"] = {
-            "start_s": self.t0,
-            "end_s": end,
-            "dc_carbon_g": {
-                n: {"start": start_states[n].carbon_g, "start_time_s": start_states[n].time_s,
-                    "end": end_states[n].carbon_g, "end_time_s": end_states[n].time_s}
-                for n in self.dcs
-                if n in start_states and n in end_states
-            },
-        }
         missing = sorted(set(self.dcs) - {f.dc for f in finals})
         if missing:
             summary["dcs_unreachable_at_end"] = missing

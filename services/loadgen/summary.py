@@ -48,6 +48,57 @@ class DcFinal:
         return self.gpu_active_j + self.gpu_idle_j + self.host_j + self.training_j
 
 
+def dc_final_from_states(start: Any, end: Any) -> DcFinal:
+    """Energy and carbon between two DC states (`DcState` messages, the load window).
+
+    Both runtimes build their `DcFinal`s here. The DC's mean CI is defined once: carbon
+    over grid energy in the window (gCO2 per grid kWh, the grid energy's weighted mean
+    CI); with no grid energy, the grid CI at the end."""
+    a, b = start.energy, end.energy
+    grid_j = b.grid_j - a.grid_j
+    carbon = end.carbon_g - start.carbon_g
+    mean_ci = carbon / (grid_j / 3.6e6) if grid_j > 0 else end.grid_ci_g_per_kwh
+    return DcFinal(
+        dc=end.dc,
+        region=end.region,
+        zone=end.zone,
+        gpu_active_j=b.gpu_active_j - a.gpu_active_j,
+        gpu_idle_j=b.gpu_idle_j - a.gpu_idle_j,
+        host_j=b.host_j - a.host_j,
+        training_j=b.training_j - a.training_j,
+        facility_j=b.facility_j - a.facility_j,
+        renewable_j=b.renewable_j - a.renewable_j,
+        grid_j=grid_j,
+        carbon_g=carbon,
+        lateness_s_p99=end.lateness_s_p99,
+        lateness_s_max=end.lateness_s_max,
+        faithful=end.faithful,
+        mean_ci_g_per_kwh=mean_ci,
+    )
+
+
+def load_window(start_s: float, end_s: float, starts: Mapping[str, Any],
+                ends: Mapping[str, Any]) -> dict[str, Any]:
+    """The summary's ``window`` key: the load window's bounds (emulated s) and each DC's
+    cumulative carbon at its start and end (to cut the window out of other sources of the
+    same counters, e.g. Prometheus)."""
+    return {
+        "start_s": start_s,
+        "end_s": end_s,
+        "dc_carbon_g": {
+            n: {"start": starts[n].carbon_g, "start_time_s": starts[n].time_s,
+                "end": ends[n].carbon_g, "end_time_s": ends[n].time_s}
+            for n in starts if n in ends
+        },
+    }
+
+
+def occupancy_block(mean_batch_ratio: float | None, samples: int) -> dict[str, Any]:
+    """The summary's ``occupancy`` key: mean per-engine batch over the batch limit across
+    the provisioner's polls after the warm-up (defines the load regime)."""
+    return {"mean_batch_ratio": mean_batch_ratio if samples else None, "samples": samples}
+
+
 def _pcts(values: Sequence[float]) -> dict[str, float | None]:
     a = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
     if a.size == 0:
@@ -68,7 +119,14 @@ def summarize(
     scheduler: Mapping[str, Any] | None = None,
     wall_s: float | None = None,
     emulated_s: float | None = None,
+    provisioner: Mapping[str, Any] | None = None,
+    occupancy: Mapping[str, Any] | None = None,
+    window: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The run's summary. Both runtimes write the same keys: ``provisioner`` (polls and
+    snapshots over the load window, `services.provisioner.driver.WindowStats`),
+    ``occupancy`` (`occupancy_block`) and ``window`` (`load_window`) are None only where
+    the source could not be asked."""
     ids = [r.id for r in records]
     dup = [k for k, c in Counter(ids).items() if c > 1]
     if dup:
@@ -151,6 +209,10 @@ def summarize(
             "wall_s": wall_s,
             "emulated_s": emulated_s,
         },
+        "provisioner": dict(provisioner) if provisioner is not None else None,
+        "occupancy": dict(occupancy) if occupancy is not None else occupancy_block(None, 0),
+        "window": dict(window) if window is not None else None,
+        "runner": {"crashed": []},  # services that died during the run (wall runner fills)
         "config": dict(config),
     }
 

@@ -23,7 +23,8 @@ from services.common.metrics import (
     metrics_port,
     serve_metrics,
 )
-from services.provisioner.core import DcInfo, ProvisionerCore
+from services.provisioner.core import ProvisionerCore
+from services.provisioner.driver import core_for_topology
 from services.provisioner.server import WallProvisioner, serve
 
 
@@ -76,13 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         address = args.address or f"[::]:{os.environ.get('PORT', '50051')}"
         clock = WallClock(args.dilation if args.dilation is not None else topo.dilation,
                           args.epoch)
-        core: ProvisionerCore[pb.DcState] = ProvisionerCore(
-            [DcInfo(d.name, d.region, d.zone) for d in topo.dcs],
-            topo.rtt_s,
-            period_s=args.period if args.period is not None else topo.provisioner.period_s,
-            mode=args.mode or topo.provisioner.mode,
-            start_s=clock.now(),
-        )
+        core: ProvisionerCore[pb.DcState] = core_for_topology(
+            topo, clock.now(), args.period, args.mode)
         metrics = ProvisionerMetrics() if metrics_port(args.metrics_port) else None
         if metrics is not None:
             serve_metrics(metrics.registry, args.metrics_port, args.metrics_address, "provisioner")

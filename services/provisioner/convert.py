@@ -12,10 +12,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from geoserve.v1 import common_pb2 as pb
 
 from services.common.state import DcView, SnapshotView
 from services.provisioner.core import DcEntry, SnapshotData
+from services.provisioner.driver import WindowStats
 
 
 def setup_name(gpu: str, model: str, tp: int) -> str:
@@ -74,3 +77,15 @@ def snapshot_to_proto(data: SnapshotData[pb.DcState]) -> pb.Snapshot:
         for (a, b), v in sorted(data.rtt_s.items())
     )
     return snap
+
+
+def batch_occupancy(s: pb.DcState) -> float:
+    """Mean per-engine active batch over the batch limit (the load regime's measure)."""
+    return s.active_batch / s.max_batch if s.max_batch > 0 else 0.0
+
+
+def window_stats_from_proto(m: Any) -> WindowStats:
+    """A `ProvisionerStats` message as the driver's `WindowStats`."""
+    return WindowStats(m.mode, m.period_s, m.polls, m.snapshots, m.failures, m.skipped,
+                       m.mean_batch_ratio if m.occupancy_samples else None,
+                       m.occupancy_samples)

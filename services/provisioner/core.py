@@ -21,6 +21,12 @@ Theory of operation (paper 1 §III-A, §III-C)
   still outstanding, or that the runtime woke up too late for (it was overtaken by a
   later slot), is skipped and counted, never queued.
 * Sequence numbers start at 1 and grow by one per published snapshot.
+* Counting. `window_stats(since, until)` counts polls by their scheduled slot and
+  snapshots by the slot of the poll that completed them, over ``[since, until)``: over a
+  window of m whole periods that is exactly m·n polls, and m (sync) or m·n (async)
+  snapshots when no poll is skipped — whichever clock drives the core.
+
+`services.provisioner.driver.ProvisionerDriver` runs this core on either clock.
 
 The core is generic over the DC state payload ``S`` (a protobuf ``DcState`` in the wall
 runtime, any plain object in a virtual one); it never inspects it. Times are emulated
@@ -164,6 +170,8 @@ class ProvisionerCore(Generic[S]):
             for i, d in enumerate(dcs)
         }
         self._c = _Counters()
+        self._poll_slots: list[float] = []
+        self._snap_slots: list[float] = []
         self._seq = 0
         self.latest: SnapshotData[S] | None = None
 
@@ -203,6 +211,7 @@ class ProvisionerCore(Generic[S]):
             poll = Poll(s.info.dc, k, self.slot_s(s.info.dc, k))
             s.in_flight = poll
             self._c.polls += 1
+            self._poll_slots.append(poll.scheduled_s)
             if self.mode == "sync":
                 self._c.pending.setdefault(k, set()).add(s.info.dc)
             out.append(poll)
@@ -243,19 +252,20 @@ class ProvisionerCore(Generic[S]):
         s.ever_up = s.ever_up or up
         snapshot = None
         if self.mode == "async":
-            snapshot = self._publish(now)
+            snapshot = self._publish(now, poll.scheduled_s)
         else:
             pending = self._c.pending.get(poll.period)
             if pending is not None:
                 pending.discard(s.info.dc)
                 if not pending:
                     del self._c.pending[poll.period]
-                    snapshot = self._publish(now)
+                    snapshot = self._publish(now, poll.scheduled_s)
         return PollOutcome(transition, snapshot)
 
-    def _publish(self, now: float) -> SnapshotData[S]:
+    def _publish(self, now: float, slot_s: float) -> SnapshotData[S]:
         self._seq += 1
         self._c.snapshots += 1
+        self._snap_slots.append(slot_s)
         snap = SnapshotData(
             seq=self._seq,
             time_s=now,
@@ -284,6 +294,16 @@ class ProvisionerCore(Generic[S]):
     def stats(self) -> ProvisionerStats:
         c = self._c
         return ProvisionerStats(c.polls, c.failures, c.skipped, c.snapshots)
+
+    def window_stats(self, since_s: float, until_s: float = math.inf) -> ProvisionerStats:
+        """Polls and snapshots whose slot lies in ``[since_s, until_s)``; failures and
+        skipped slots of the whole run."""
+        def count(slots: list[float]) -> int:
+            return sum(1 for t in slots if since_s <= t < until_s)
+
+        c = self._c
+        return ProvisionerStats(count(self._poll_slots), c.failures, c.skipped,
+                                count(self._snap_slots))
 
     def _slot(self, dc: str) -> _DcSlot[S]:
         try:

@@ -1,10 +1,11 @@
 """The provisioner gRPC service: the `ProvisionerCore` driven by the wall clock.
 
-One task sleeps until the core's next poll slot (absolute emulated deadlines on the
-run's dilated clock), asks the core which polls are due and issues each as its own task
-over one persistent channel per DC, with a deadline of ``poll_timeout_s`` emulated seconds
-(× dilation in wall time). Results go back to the core; every snapshot it publishes is
-converted once to a `pb.Snapshot` and offered to every `Watch` subscriber. Each
+The shared `ProvisionerDriver` wakes at the core's next poll slot (absolute emulated
+deadlines on the run's dilated clock) and hands each due poll to this runtime, which
+issues it as its own task over one persistent channel per DC, with a deadline of
+``poll_timeout_s`` emulated seconds (× dilation in wall time). Results go back to the
+core through the driver; every snapshot it publishes is converted once to a `pb.Snapshot`
+and offered to every `Watch` subscriber. Each
 subscriber has a one-slot queue: a slow reader gets the latest snapshot, never a backlog.
 """
 
@@ -25,8 +26,9 @@ from services.common.clock import WallClock
 from services.common.errors import InvalidInput
 from services.common.grpcutil import install_signal_handlers, set_not_serving, start_server
 from services.common.metrics import ProvisionerMetrics
-from services.provisioner.convert import snapshot_to_proto
-from services.provisioner.core import Poll, PollOutcome, ProvisionerCore
+from services.provisioner.convert import batch_occupancy, snapshot_to_proto
+from services.provisioner.core import Poll, ProvisionerCore, SnapshotData, Transition
+from services.provisioner.driver import ProvisionerDriver
 
 log = logging.getLogger("geoserve.provisioner")
 
@@ -79,18 +81,22 @@ class WallProvisioner:
         self.latest: pb.Snapshot | None = None
         self._subscribers: set[_Mailbox] = set()
         self._polls: set[asyncio.Task[None]] = set()
-        self._loop_task: asyncio.Task[None] | None = None
+        self.driver: ProvisionerDriver[pb.DcState] = ProvisionerDriver(
+            core, clock, self._issue, self._publish_data, self._log_transition,
+            lambda late: log.warning("poll loop woke up %.3f s (emulated) late", late),
+            occupancy=batch_occupancy)
         self.closed = False
         self.on_poll: Callable[[str, float, bool], None] | None = None  # metrics hook
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
-        self._loop_task = asyncio.create_task(self._run(), name="provisioner-poll")
+        self.driver.start()
 
     async def stop(self) -> None:
         """Stop polling, end every Watch stream, close the DC channels."""
         self.closed = True
-        tasks = [*self._polls, *([self._loop_task] if self._loop_task else [])]
+        self.driver.stop()
+        tasks = list(self._polls)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -100,15 +106,10 @@ class WallProvisioner:
             await ch.close()
 
     # ---------------------------------------------------------------- polling
-    async def _run(self) -> None:
-        while not self.closed:
-            lateness_s = await self.clock.sleep_until(self.core.next_poll_s())
-            if lateness_s > self.core.period_s:
-                log.warning("poll loop woke up %.3f s (emulated) late", lateness_s)
-            for poll in self.core.due(self.clock.now()):
-                task = asyncio.create_task(self._poll(poll), name=f"poll-{poll.dc}")
-                self._polls.add(task)
-                task.add_done_callback(self._polls.discard)
+    def _issue(self, poll: Poll) -> None:
+        task = asyncio.create_task(self._poll(poll), name=f"poll-{poll.dc}")
+        self._polls.add(task)
+        task.add_done_callback(self._polls.discard)
 
     async def _poll(self, poll: Poll) -> None:
         stub = self._stubs[poll.dc]
@@ -120,23 +121,21 @@ class WallProvisioner:
         except grpc.aio.AioRpcError as exc:
             if self.on_poll is not None:
                 self.on_poll(poll.dc, self.clock.now() - t0, False)
-            reason = f"{exc.code().name}: {exc.details()}"
-            self._apply(self.core.on_poll_failed(poll, self.clock.now(), reason))
+            self.driver.failed(poll, f"{exc.code().name}: {exc.details()}")
             return
         if self.on_poll is not None:
             self.on_poll(poll.dc, self.clock.now() - t0, True)
-        state = reply.state
-        self._apply(self.core.on_poll_ok(poll, state, self.clock.now(), dc_up=state.up))
+        self.driver.ok(poll, reply.state, dc_up=reply.state.up)
 
-    def _apply(self, outcome: PollOutcome[pb.DcState]) -> None:
-        t = outcome.transition
-        if t is not None:
-            if t.up:
-                log.info("DC %s is up (t=%.3f s)", t.dc, t.time_s)
-            else:
-                log.warning("DC %s is down (t=%.3f s): %s", t.dc, t.time_s, t.reason)
-        if outcome.snapshot is not None:
-            self.publish(snapshot_to_proto(outcome.snapshot))
+    @staticmethod
+    def _log_transition(t: Transition) -> None:
+        if t.up:
+            log.info("DC %s is up (t=%.3f s)", t.dc, t.time_s)
+        else:
+            log.warning("DC %s is down (t=%.3f s): %s", t.dc, t.time_s, t.reason)
+
+    def _publish_data(self, data: SnapshotData[pb.DcState]) -> None:
+        self.publish(snapshot_to_proto(data))
 
     # ---------------------------------------------------------------- fan-out
     def publish(self, snap: pb.Snapshot) -> None:
@@ -195,6 +194,17 @@ class ProvisionerService(pgrpc.ProvisionerServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no snapshot yet")
         assert self.prov.latest is not None
         return self.prov.latest
+
+    async def GetStats(  # noqa: N802
+        self, request: ppb.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> ppb.ProvisionerStats:
+        st = self.prov.driver.window_stats(
+            request.since_s, request.until_s if request.until_s > 0 else float("inf"))
+        return ppb.ProvisionerStats(
+            mode=st.mode, period_s=st.period_s, polls=st.polls, snapshots=st.snapshots,
+            failures=st.failures, skipped=st.skipped,
+            mean_batch_ratio=st.mean_batch_ratio or 0.0,
+            occupancy_samples=st.occupancy_samples)
 
 
 async def serve(

@@ -124,7 +124,7 @@ class LocalRun:
         dcs = {d.name: f"127.0.0.1:{free_port()}" for d in topo.dcs}
         scheds = {r.name: f"127.0.0.1:{free_port()}" for r in topo.regions}
         prov = f"127.0.0.1:{free_port()}"
-        self.dc_addrs, self.sched_addrs = dcs, scheds
+        self.dc_addrs, self.sched_addrs, self.prov_addr = dcs, scheds, prov
         self.common = common
         for name, addr in dcs.items():
             self.procs[f"dc/{name}"] = Proc(f"dc/{name}", ["services.datacenter", *common,
@@ -274,6 +274,7 @@ class LocalRun:
         args = ["services.loadgen", *self.common,
                 "--schedulers", ",".join(f"{n}={a}" for n, a in self.sched_addrs.items()),
                 "--dcs", ",".join(f"{n}={a}" for n, a in self.dc_addrs.items()),
+                "--provisioner", self.prov_addr,
                 "--out", str(self.out_dir)]
         for flag, val in (("--rate", self.rate), ("--duration", self.duration),
                           ("--seed", self.seed), ("--policy", self.policy)):

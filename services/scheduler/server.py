@@ -44,6 +44,7 @@ from services.common.state import RequestView
 from services.common.topology import Topology
 from services.scheduler.core import Dispatch, SchedulerCore
 from services.scheduler.policies.registry import get_policy
+from services.scheduler.summary import scheduler_block
 
 log = logging.getLogger("geoserve.scheduler")
 
@@ -333,14 +334,10 @@ class SchedulerRuntime:
         e.sink(_finished(e.request, state, code, reason, self.clock.now()))
 
     def info(self) -> spb.SchedulerInfo:
-        st = self.core.stats
         return spb.SchedulerInfo(
             region=self.region,
-            policy=self.core.policy.name,
             snapshot_age_s=min(self.core.snapshot_age(self.clock.now()), 1e9),
-            decisions=st.decisions,
-            forwarded=st.forwarded,
-            fallbacks=st.fallbacks,
+            **scheduler_block(self.core, self.snapshots),
         )
 
 

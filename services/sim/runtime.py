@@ -38,69 +38,39 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from geoserve.v1 import common_pb2 as pb
 
 from services.common.errors import GeoServeError
-from services.common.state import DcView, RequestView, SnapshotView
+from services.common.state import RequestView
 from services.common.topology import Topology, build_datacenter
 from services.common.vclock import VirtualClock
+from services.datacenter.convert import counters_to_proto
 from services.datacenter.dc import Datacenter
 from services.datacenter.engine import FINISHED, FIRST_TOKEN, EngineEvent, EngineRequest
 from services.datacenter.vdriver import VirtualDcRuntime
 from services.loadgen.plan import PlannedRequest, plan_requests
 from services.loadgen.records import COMPLETED, FAILED, REJECTED, RecordRow
-from services.loadgen.summary import DcFinal, summarize
+from services.loadgen.summary import (
+    DcFinal,
+    dc_final_from_states,
+    load_window,
+    occupancy_block,
+    summarize,
+)
+from services.provisioner.convert import batch_occupancy, snapshot_to_proto, snapshot_to_view
+from services.provisioner.core import Poll, SnapshotData
+from services.provisioner.driver import ProvisionerDriver, core_for_topology
 from services.scheduler.core import Dispatch, SchedulerCore
 from services.scheduler.policies.base import zero_clock
 from services.scheduler.policies.registry import get_policy
+from services.scheduler.summary import scheduler_block
 
 Progress = Callable[[float, int, int], None]
 
 
-def dc_view(dc: Datacenter, now: float) -> DcView:
-    c = dc.counters(now)
-    cfg = dc.config
-    return DcView(
-        dc=cfg.name,
-        region=cfg.region,
-        setup=f"{dc.cal.gpu}/{dc.cal.model}-tp{dc.cal.tp}",
-        engines=c.engines,
-        max_batch=dc.cal.engine.max_num_seqs,
-        active_batch=c.active_batch,
-        queue_tokens=c.queue_tokens,
-        kv_tokens=c.kv_tokens,
-        kv_occupancy_ratio=c.kv_occupancy_ratio,
-        prefill_duty_ratio=c.prefill_duty_ratio,
-        waiting_requests=c.waiting_requests,
-        ci_g_per_kwh=c.effective_ci_g_per_kwh,
-        pue=cfg.pue,
-        up=not dc.draining,
-        model=dc.cal.model,
-        grid_ci_g_per_kwh=c.grid_ci_g_per_kwh,
-        zone=cfg.zone,
-    )
-
-
-def dc_final(dc: Datacenter, now: float, start_s: float = 0.0) -> DcFinal:
-    c = dc.counters(now)
-    e = c.energy
-    ci_mean = dc.ci.mean(start_s, now) if now > start_s else dc.ci.at(now)
-    return DcFinal(
-        dc=dc.config.name,
-        region=dc.config.region,
-        zone=dc.config.zone,
-        gpu_active_j=e.gpu_active_j,
-        gpu_idle_j=e.gpu_idle_j,
-        host_j=e.host_j,
-        training_j=e.training_j,
-        facility_j=c.facility_j,
-        renewable_j=e.renewable_j,
-        grid_j=e.grid_j,
-        carbon_g=c.carbon_g,
-        lateness_s_p99=c.lateness_s_p99,
-        lateness_s_max=c.lateness_s_max,
-        faithful=c.faithful,
-        mean_ci_g_per_kwh=ci_mean,
-    )
+def dc_state(dc: Datacenter, now: float) -> pb.DcState:
+    """What a `GetState` poll of the DC returns (the same conversion as the DC service)."""
+    return counters_to_proto(dc, dc.counters(now), []).state
 
 
 class _SimMetrics:
@@ -119,7 +89,7 @@ class _SimMetrics:
         self.next_s = 0.0
 
         def now() -> float:
-            return run.clock.now
+            return run.clock.now()
 
         self.dc = {n: DcMetrics() for n in run.dcs}
         for n, m in self.dc.items():
@@ -143,12 +113,12 @@ class _SimMetrics:
             self.run.clock.call_at(k * self.period_s, self.sample)
 
     def sample(self) -> None:
-        now = self.run.clock.now
+        now = self.run.clock.now()
         self.csv.sample(now, [*self.dc.values(), *self.sched.values(), self.lg])
         self.next_s = now + self.period_s
 
     def maybe_sample(self) -> None:
-        if self.run.clock.now >= self.next_s:
+        if self.run.clock.now() >= self.next_s:
             self.sample()
 
     def close(self) -> None:
@@ -200,12 +170,11 @@ class SimRun:
         self.reqs: dict[str, _Req] = {}
         self.in_flight = 0
         self.emitted: list[str] = []
-        self.snap_seq = 0
-        self._views: dict[str, DcView] = {}
-        self.polls = 0
+        self.prov: ProvisionerDriver[pb.DcState] = ProvisionerDriver(
+            core_for_topology(topo, 0.0), self.clock, self._issue_poll, self._publish,
+            occupancy=batch_occupancy)
+        self.snapshots = 0
         self.wall_s = 0.0
-        self._occ_sum = 0.0
-        self._occ_n = 0
         self._m = _SimMetrics(self, metrics_csv) if metrics_csv is not None else None
         self.carm: Any = None
         self._carm_freq: dict[str, list[tuple[float, float]]] = {}
@@ -224,7 +193,7 @@ class SimRun:
         self.clock.call_at(n * slot, self._carm_end)
 
     def _carm_slot(self) -> None:
-        now = self.clock.now
+        now = self.clock.now()
         for name, dc in self.dcs.items():
             self.carm.observe(name, now, dc.completed + dc.rejected + dc.failed + dc.in_flight())
         for p in self.carm.plan(now):
@@ -234,14 +203,14 @@ class SimRun:
                 p.gpu_frequency_mhz)))
 
     def _carm_end(self) -> None:
-        now = self.clock.now
+        now = self.clock.now()
         for name, dc in self.dcs.items():
             dc.apply_carm(now, 0.0, self.carm.supply_w(name, now, now + self.carm.spec.slot_s))
         self.carm.finish(now)
 
     # ---------------------------------------------------------------- load
     def _emit(self, p: PlannedRequest) -> None:
-        now = self.clock.now
+        now = self.clock.now()
         row = RecordRow(
             id=p.id, origin_region=p.origin_region, dataset=p.dataset, isl_tokens=p.isl_tokens,
             osl_tokens=p.osl_tokens, state="", emitted_s=now, scheduler_arrival_s=now,
@@ -273,11 +242,11 @@ class SimRun:
         self._flush_at[region] = None
         sched = self.schedulers[region]
         if sched.deadline() is not None:
-            self._handle(region, sched.flush(self.clock.now))
+            self._handle(region, sched.flush(self.clock.now()))
         self._arm_flush(region)
 
     def _handle(self, region: str, dispatches: list[Dispatch]) -> None:
-        now = self.clock.now
+        now = self.clock.now()
         for d in dispatches:
             r = self.reqs[d.request_id]
             row = r.row
@@ -302,7 +271,7 @@ class SimRun:
 
     def _arrive_peer(self, region: str, rid: str, dc: str) -> None:
         sched = self.schedulers[region]
-        self._handle(region, sched.admit_forwarded(rid, dc, self.clock.now))
+        self._handle(region, sched.admit_forwarded(rid, dc, self.clock.now()))
         self._arm_flush(region)
 
     # ---------------------------------------------------------------- datacenters
@@ -311,8 +280,8 @@ class SimRun:
         row = r.row
         row.dc = dc
         row.dc_region = self.dcs[dc].config.region
-        row.dc_arrival_s = self.clock.now
-        ereq = EngineRequest(rid, r.plan.isl_tokens, r.plan.osl_tokens, self.clock.now,
+        row.dc_arrival_s = self.clock.now()
+        ereq = EngineRequest(rid, r.plan.isl_tokens, r.plan.osl_tokens, self.clock.now(),
                              payload=rid)
         try:
             idx = self.drivers[dc].submit(ereq, r.plan.model)
@@ -366,50 +335,29 @@ class SimRun:
             self._m.lg.on_finished(row)
 
     # ---------------------------------------------------------------- provisioner
-    def _poll(self, names: list[str], broadcast: bool) -> None:
-        now = self.clock.now
-        for n in names:
-            self._views[n] = dc_view(self.dcs[n], now)
-        self.polls += len(names)
-        if self.topo.load.warmup_s <= now <= self.topo.load.duration_s:
-            for n in names:  # batch occupancy in the measured window (defines the load regime)
-                v = self._views[n]
-                self._occ_sum += v.active_batch / v.max_batch
-                self._occ_n += 1
-        if broadcast:
-            self.snap_seq += 1
-            snap = SnapshotView(
-                seq=self.snap_seq,
-                time_s=now,
-                dcs=tuple(self._views[d.name] for d in self.topo.dcs if d.name in self._views),
-                rtt_s=self.topo.rtt_s,
-            )
-            for s in self.schedulers.values():
-                s.on_snapshot(snap, now)
+    def _issue_poll(self, poll: Poll) -> None:
+        """The virtual transport of a poll: read the DC core now, answer at once."""
+        state = dc_state(self.dcs[poll.dc], self.clock.now())
+        self.prov.ok(poll, state, dc_up=state.up)
 
-    def _schedule_polls(self, end_s: float) -> None:
-        period = self.topo.provisioner.period_s
-        names = [d.name for d in self.topo.dcs]
-        ticks = int(end_s / period) + 1
-        if self.topo.provisioner.mode == "sync":
-            for k in range(ticks):
-                self.clock.call_at(k * period, self._poll, names, True)
-        else:
-            n = len(names)
-            for k in range(ticks):
-                for i, name in enumerate(names):
-                    self.clock.call_at(k * period + i * period / n, self._poll, [name],
-                                       i == n - 1 or k == 0)
+    def _publish(self, data: SnapshotData[pb.DcState]) -> None:
+        now = self.clock.now()
+        snap = snapshot_to_view(snapshot_to_proto(data))
+        self.snapshots += 1
+        for s in self.schedulers.values():
+            s.on_snapshot(snap, now)
 
     # ---------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
         t_wall = time.perf_counter()
         plan = plan_requests(self.topo)
+        self._start_states = {n: dc_state(dc, 0.0) for n, dc in self.dcs.items()}
         duration = self.topo.load.duration_s
         for p in plan:
             self.clock.call_at(p.t_s, self._emit, p)
         horizon = duration + self.drain_limit_s
-        self._schedule_polls(duration)
+        self.prov.until_s = duration
+        self.prov.start()
         if self.carm is not None:
             self._schedule_carm(duration)
         if self._m is not None:
@@ -429,7 +377,7 @@ class SimRun:
             self.clock.run(until=nxt)  # event by event: the run ends at the last completion
             if self._m is not None:
                 self._m.maybe_sample()
-        end = self.clock.now
+        end = self.clock.now()
         if self.in_flight > 0:
             for rid in self.emitted:
                 self._finish_failed(rid, FAILED, "run ended before the request finished",
@@ -472,23 +420,13 @@ class SimRun:
 
     def summary(self) -> dict[str, Any]:
         end = self.end_s
-        finals = [dc_final(self.dcs[d.name], end) for d in self.topo.dcs]
-        sched = {
-            region: {
-                "policy": s.policy.name,
-                "decisions": s.stats.decisions,
-                "local": s.stats.local,
-                "forwarded": s.stats.forwarded,
-                "forwarded_in": s.stats.forwarded_in,
-                "fallbacks": s.stats.fallbacks,
-                "stale_decisions": s.stats.stale_decisions,
-                "windows": s.stats.windows,
-                "mean_window": float(np.mean(s.stats.window_sizes)) if s.stats.window_sizes
-                else 0.0,
-                "solver_status": dict(s.stats.solver_status),
-            }
-            for region, s in self.schedulers.items()
-        }
+        load = self.topo.load
+        end_states = {d.name: dc_state(self.dcs[d.name], end) for d in self.topo.dcs}
+        finals = [dc_final_from_states(self._start_states[d.name], end_states[d.name])
+                  for d in self.topo.dcs]
+        occ = self.prov.window_stats(load.warmup_s, load.duration_s)
+        sched = {region: scheduler_block(s, self.snapshots)
+                 for region, s in self.schedulers.items()}
         config = {
             **self.topo.to_dict(),
             "policy": ",".join(sorted({s.policy.name for s in self.schedulers.values()})),
@@ -505,11 +443,10 @@ class SimRun:
             scheduler=sched,
             wall_s=self.wall_s,
             emulated_s=end,
+            provisioner=self.prov.window_stats(0.0, load.duration_s).as_dict(),
+            occupancy=occupancy_block(occ.mean_batch_ratio, occ.occupancy_samples),
+            window=load_window(0.0, end, self._start_states, end_states),
         )
         if self.carm is not None:
             out["carm"] = self._carm_summary(finals)
-        out["occupancy"] = {
-            "mean_batch_ratio": self._occ_sum / self._occ_n if self._occ_n else None,
-            "samples": self._occ_n,
-        }
         return out

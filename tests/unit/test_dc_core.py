@@ -181,13 +181,13 @@ class DcRun:
         if ev.kind == FINISHED:
             self.finished.append(ev)
             if not self.dc.engines[idx].has_work:
-                self.empty_since[idx] = self.clock.now
+                self.empty_since[idx] = self.clock.now()
 
     def _submit(self, rid: str, isl: int, osl: int) -> None:
         idx = self.rt.submit(EngineRequest(rid, isl, osl, 0.0))
         since = self.empty_since[idx]
         if since is not None:
-            self.empty_s[idx] += self.clock.now - since
+            self.empty_s[idx] += self.clock.now() - since
             self.empty_since[idx] = None
 
     def run(self, arrivals: list[tuple[float, int, int]]) -> DcRun:
@@ -212,7 +212,7 @@ def test_energy_breakdown_adds_up_with_load_and_training(llama_cal) -> None:
     r = run_dc(dc, arrivals)
     fin = r.finished
     assert len(fin) == 12
-    t_train = r.clock.now
+    t_train = r.clock.now()
     dc.apply_carm(t_train, training_w=1500.0, renewable_w=0.0)
     t_end = t_train + 100.0
     dc.accrue(t_end)
@@ -406,7 +406,7 @@ def test_dc_energy_floor_and_accounting(llama_cal, arrivals, nodes, gpus, routin
     assert len(r.finished) == len(arrivals) == dc.completed
     assert {ev.finished.output_tokens for ev in r.finished} <= {a[2] for a in arrivals}
     assert dc.in_flight() == 0
-    t_end = r.clock.now + tail_s
+    t_end = r.clock.now() + tail_s
     dc.accrue(t_end)
     e = dc.energy
     host_floor = llama_cal.energy.host_w_per_node * nodes * t_end

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from geoserve.v1 import common_pb2 as geoserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dgeoserve/v1/provisioner.proto\x12\x0bgeoserve.v1\x1a\x18geoserve/v1/common.proto\"\"\n\x0cWatchRequest\x12\x12\n\nsubscriber\x18\x01 \x01(\t\"\x14\n\x12GetSnapshotRequest2\x91\x01\n\x0bProvisioner\x12;\n\x05Watch\x12\x19.geoserve.v1.WatchRequest\x1a\x15.geoserve.v1.Snapshot0\x01\x12\x45\n\x0bGetSnapshot\x12\x1f.geoserve.v1.GetSnapshotRequest\x1a\x15.geoserve.v1.Snapshotb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dgeoserve/v1/provisioner.proto\x12\x0bgeoserve.v1\x1a\x18geoserve/v1/common.proto\"\"\n\x0cWatchRequest\x12\x12\n\nsubscriber\x18\x01 \x01(\t\"\x14\n\x12GetSnapshotRequest\"3\n\x0fGetStatsRequest\x12\x0f\n\x07since_s\x18\x01 \x01(\x01\x12\x0f\n\x07until_s\x18\x02 \x01(\x01\"\xac\x01\n\x10ProvisionerStats\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x10\n\x08period_s\x18\x02 \x01(\x01\x12\r\n\x05polls\x18\x03 \x01(\x03\x12\x11\n\tsnapshots\x18\x04 \x01(\x03\x12\x10\n\x08\x66\x61ilures\x18\x05 \x01(\x03\x12\x0f\n\x07skipped\x18\x06 \x01(\x03\x12\x18\n\x10mean_batch_ratio\x18\x07 \x01(\x01\x12\x19\n\x11occupancy_samples\x18\x08 \x01(\x03\x32\xda\x01\n\x0bProvisioner\x12;\n\x05Watch\x12\x19.geoserve.v1.WatchRequest\x1a\x15.geoserve.v1.Snapshot0\x01\x12\x45\n\x0bGetSnapshot\x12\x1f.geoserve.v1.GetSnapshotRequest\x1a\x15.geoserve.v1.Snapshot\x12G\n\x08GetStats\x12\x1c.geoserve.v1.GetStatsRequest\x1a\x1d.geoserve.v1.ProvisionerStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,6 +36,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHREQUEST']._serialized_end=106
   _globals['_GETSNAPSHOTREQUEST']._serialized_start=108
   _globals['_GETSNAPSHOTREQUEST']._serialized_end=128
-  _globals['_PROVISIONER']._serialized_start=131
-  _globals['_PROVISIONER']._serialized_end=276
+  _globals['_GETSTATSREQUEST']._serialized_start=130
+  _globals['_GETSTATSREQUEST']._serialized_end=181
+  _globals['_PROVISIONERSTATS']._serialized_start=184
+  _globals['_PROVISIONERSTATS']._serialized_end=356
+  _globals['_PROVISIONER']._serialized_start=359
+  _globals['_PROVISIONER']._serialized_end=577
 # @@protoc_insertion_point(module_scope)

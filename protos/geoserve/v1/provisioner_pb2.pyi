@@ -14,3 +14,31 @@ class WatchRequest(_message.Message):
 class GetSnapshotRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ("since_s", "until_s")
+    SINCE_S_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_S_FIELD_NUMBER: _ClassVar[int]
+    since_s: float
+    until_s: float
+    def __init__(self, since_s: _Optional[float] = ..., until_s: _Optional[float] = ...) -> None: ...
+
+class ProvisionerStats(_message.Message):
+    __slots__ = ("mode", "period_s", "polls", "snapshots", "failures", "skipped", "mean_batch_ratio", "occupancy_samples")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_S_FIELD_NUMBER: _ClassVar[int]
+    POLLS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    MEAN_BATCH_RATIO_FIELD_NUMBER: _ClassVar[int]
+    OCCUPANCY_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    period_s: float
+    polls: int
+    snapshots: int
+    failures: int
+    skipped: int
+    mean_batch_ratio: float
+    occupancy_samples: int
+    def __init__(self, mode: _Optional[str] = ..., period_s: _Optional[float] = ..., polls: _Optional[int] = ..., snapshots: _Optional[int] = ..., failures: _Optional[int] = ..., skipped: _Optional[int] = ..., mean_batch_ratio: _Optional[float] = ..., occupancy_samples: _Optional[int] = ...) -> None: ...

@@ -45,6 +45,11 @@ class ProvisionerStub:
                 request_serializer=geoserve_dot_v1_dot_provisioner__pb2.GetSnapshotRequest.SerializeToString,
                 response_deserializer=geoserve_dot_v1_dot_common__pb2.Snapshot.FromString,
                 _registered_method=True)
+        self.GetStats = channel.unary_unary(
+                '/geoserve.v1.Provisioner/GetStats',
+                request_serializer=geoserve_dot_v1_dot_provisioner__pb2.GetStatsRequest.SerializeToString,
+                response_deserializer=geoserve_dot_v1_dot_provisioner__pb2.ProvisionerStats.FromString,
+                _registered_method=True)
 
 
 class ProvisionerServicer:
@@ -62,6 +67,12 @@ class ProvisionerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStats(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ProvisionerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -74,6 +85,11 @@ def add_ProvisionerServicer_to_server(servicer, server):
                     servicer.GetSnapshot,
                     request_deserializer=geoserve_dot_v1_dot_provisioner__pb2.GetSnapshotRequest.FromString,
                     response_serializer=geoserve_dot_v1_dot_common__pb2.Snapshot.SerializeToString,
+            ),
+            'GetStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStats,
+                    request_deserializer=geoserve_dot_v1_dot_provisioner__pb2.GetStatsRequest.FromString,
+                    response_serializer=geoserve_dot_v1_dot_provisioner__pb2.ProvisionerStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -130,6 +146,33 @@ class Provisioner:
             '/geoserve.v1.Provisioner/GetSnapshot',
             geoserve_dot_v1_dot_provisioner__pb2.GetSnapshotRequest.SerializeToString,
             geoserve_dot_v1_dot_common__pb2.Snapshot.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/geoserve.v1.Provisioner/GetStats',
+            geoserve_dot_v1_dot_provisioner__pb2.GetStatsRequest.SerializeToString,
+            geoserve_dot_v1_dot_provisioner__pb2.ProvisionerStats.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,17 +25,21 @@ _sym_db = _symbol_database.Default()
 from geoserve.v1 import common_pb2 as geoserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgeoserve/v1/scheduler.proto\x12\x0bgeoserve.v1\x1a\x18geoserve/v1/common.proto\"\x16\n\x14SchedulerInfoRequest\"\x80\x01\n\rSchedulerInfo\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x16\n\x0esnapshot_age_s\x18\x03 \x01(\x01\x12\x11\n\tdecisions\x18\x04 \x01(\x04\x12\x11\n\tforwarded\x18\x05 \x01(\x04\x12\x11\n\tfallbacks\x18\x06 \x01(\x04\x32\xd1\x01\n\tScheduler\x12=\n\x06Submit\x12\x14.geoserve.v1.Request\x1a\x19.geoserve.v1.RequestEvent(\x01\x30\x01\x12>\n\x07\x46orward\x12\x14.geoserve.v1.Request\x1a\x19.geoserve.v1.RequestEvent(\x01\x30\x01\x12\x45\n\x04Info\x12!.geoserve.v1.SchedulerInfoRequest\x1a\x1a.geoserve.v1.SchedulerInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgeoserve/v1/scheduler.proto\x12\x0bgeoserve.v1\x1a\x18geoserve/v1/common.proto\"\x16\n\x14SchedulerInfoRequest\"\x86\x03\n\rSchedulerInfo\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x16\n\x0esnapshot_age_s\x18\x03 \x01(\x01\x12\x11\n\tdecisions\x18\x04 \x01(\x04\x12\x11\n\tforwarded\x18\x05 \x01(\x04\x12\x11\n\tfallbacks\x18\x06 \x01(\x04\x12\r\n\x05local\x18\x07 \x01(\x04\x12\x14\n\x0c\x66orwarded_in\x18\x08 \x01(\x04\x12\x17\n\x0fstale_decisions\x18\t \x01(\x04\x12\x13\n\x0bunplaceable\x18\n \x01(\x04\x12\x0f\n\x07windows\x18\x0b \x01(\x04\x12\x13\n\x0bmean_window\x18\x0c \x01(\x01\x12\x43\n\rsolver_status\x18\r \x03(\x0b\x32,.geoserve.v1.SchedulerInfo.SolverStatusEntry\x12\x11\n\tsnapshots\x18\x0e \x01(\x04\x1a\x33\n\x11SolverStatusEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xd1\x01\n\tScheduler\x12=\n\x06Submit\x12\x14.geoserve.v1.Request\x1a\x19.geoserve.v1.RequestEvent(\x01\x30\x01\x12>\n\x07\x46orward\x12\x14.geoserve.v1.Request\x1a\x19.geoserve.v1.RequestEvent(\x01\x30\x01\x12\x45\n\x04Info\x12!.geoserve.v1.SchedulerInfoRequest\x1a\x1a.geoserve.v1.SchedulerInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'geoserve.v1.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SCHEDULERINFO_SOLVERSTATUSENTRY']._loaded_options = None
+  _globals['_SCHEDULERINFO_SOLVERSTATUSENTRY']._serialized_options = b'8\001'
   _globals['_SCHEDULERINFOREQUEST']._serialized_start=70
   _globals['_SCHEDULERINFOREQUEST']._serialized_end=92
   _globals['_SCHEDULERINFO']._serialized_start=95
-  _globals['_SCHEDULERINFO']._serialized_end=223
-  _globals['_SCHEDULER']._serialized_start=226
-  _globals['_SCHEDULER']._serialized_end=435
+  _globals['_SCHEDULERINFO']._serialized_end=485
+  _globals['_SCHEDULERINFO_SOLVERSTATUSENTRY']._serialized_start=434
+  _globals['_SCHEDULERINFO_SOLVERSTATUSENTRY']._serialized_end=485
+  _globals['_SCHEDULER']._serialized_start=488
+  _globals['_SCHEDULER']._serialized_end=697
 # @@protoc_insertion_point(module_scope)
