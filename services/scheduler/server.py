@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 import grpc
-import numpy as np
 from geoserve.v1 import common_pb2 as pb
 from geoserve.v1 import datacenter_pb2 as dpb
 from geoserve.v1 import datacenter_pb2_grpc as dgrpc
@@ -42,8 +42,8 @@ from services.common.links import StreamLink
 from services.common.metrics import SchedulerMetrics
 from services.common.state import RequestView
 from services.common.topology import Topology
-from services.scheduler.core import Dispatch, SchedulerCore
-from services.scheduler.policies.registry import get_policy
+from services.scheduler.core import Dispatch
+from services.scheduler.driver import Journey, SchedulerDriver, core_for_region
 from services.scheduler.summary import scheduler_block
 
 log = logging.getLogger("geoserve.scheduler")
@@ -53,14 +53,14 @@ Sink = Callable[[pb.RequestEvent], None]
 
 @dataclass
 class _Entry:
-    request: pb.Request
+    request: pb.Request          # as received (never mutated; outgoing copies are made)
     sink: Sink
     origin: bool                 # this scheduler is the request's origin
-    via_region: str = ""         # region it was forwarded to (origin side)
-    first_token_origin_s: float = 0.0
 
 
 class SchedulerRuntime:
+    """The wall transport of `SchedulerDriver`: gRPC streams to DCs and peers."""
+
     def __init__(
         self,
         topo: Topology,
@@ -73,19 +73,13 @@ class SchedulerRuntime:
         self.topo = topo
         self.region = region
         self.clock = clock
-        spec = topo.region(region).scheduler
-        self.spec = spec
-        idx = [r.name for r in topo.regions].index(region)
-        policy = get_policy(
-            spec.policy,
-            clock=time.perf_counter,
-            rng=np.random.default_rng(topo.load.seed + 1000 + idx),
-            **dict(spec.policy_config),
-        )
-        self.core = SchedulerCore(region, spec, topo.dcs, policy, clock=time.perf_counter)
+        self.spec = topo.region(region).scheduler
+        self.core = core_for_region(topo, region, time.perf_counter)
+        self.driver = SchedulerDriver(self.core, clock, topo.rtt_s, self,
+                                      charge=lambda s: s / clock.dilation,
+                                      on_decision=self._decided)
         self.entries: dict[str, _Entry] = {}
         self.provisioner = provisioner
-        self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.snapshots = 0
         self.on_decision: Callable[[Dispatch], None] | None = None  # metrics hook
@@ -118,7 +112,6 @@ class SchedulerRuntime:
     def start(self) -> None:
         for link in [*self.dc_links.values(), *self.peer_links.values()]:
             link.start()
-        self._tasks.append(asyncio.create_task(self._flusher(), name="window"))
         if self.provisioner:
             self._tasks.append(asyncio.create_task(self._watch(), name="snapshots"))
 
@@ -161,18 +154,6 @@ class SchedulerRuntime:
                             exc.code().name)
             await asyncio.sleep(0.5)
 
-    async def _flusher(self) -> None:
-        while True:
-            deadline = self.core.deadline()
-            if deadline is None:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            await self.clock.sleep_until(deadline)
-            current = self.core.deadline()
-            if current is not None and current <= self.clock.now():
-                self._handle(self.core.flush(self.clock.now()))
-
     # ---------------------------------------------------------------- intake
     def submit(self, req: pb.Request, sink: Sink) -> None:
         now = self.clock.now()
@@ -181,100 +162,100 @@ class SchedulerRuntime:
             sink(_finished(req, pb.REJECTED, "INVALID_ARGUMENT",
                            "request.id: missing or already in flight", now))
             return
-        req.timestamps.scheduler_arrival_s = now
-        if not req.origin_region:
-            req.origin_region = self.region
-        req.policy = self.core.policy.name
-        if not req.slo.ttft_s:
-            req.slo.ttft_s = self.topo.slo.ttft_s
-        if not req.slo.tpot_s:
-            req.slo.tpot_s = self.topo.slo.tpot_s
         self.entries[rid] = _Entry(req, sink, origin=True)
-        view = RequestView(
+        self.driver.submit(RequestView(
             id=rid,
             model=req.model,
             isl_tokens=req.isl_tokens,
             osl_tokens=req.osl_tokens,
             origin_region=self.region,
-            ttft_slo_s=req.slo.ttft_s,
-            tpot_slo_s=req.slo.tpot_s,
+            ttft_slo_s=req.slo.ttft_s or self.topo.slo.ttft_s,
+            tpot_slo_s=req.slo.tpot_s or self.topo.slo.tpot_s,
             arrival_s=now,
             dataset=req.dataset,
-        )
-        self._handle(self.core.submit(view, now))
-        self._wake.set()
+        ))
 
     def forward_in(self, req: pb.Request, sink: Sink) -> None:
-        now = self.clock.now()
         self.entries[req.id] = _Entry(req, sink, origin=False)
-        self._handle(self.core.admit_forwarded(req.id, req.target_dc, now))
-        self._wake.set()
+        self.driver.forwarded_in(req.id, req.target_dc)
 
-    # ---------------------------------------------------------------- dispatch
-    def _handle(self, dispatches: list[Dispatch]) -> None:
-        for d in dispatches:
-            e = self.entries.get(d.request_id)
-            if e is None:
-                continue
-            req = e.request
-            if e.origin and self.on_decision is not None:
-                self.on_decision(d)
-            if e.origin:
-                req.timestamps.decided_s = d.decided_s + d.decision_s / self.clock.dilation
-                req.decision_s = d.decision_s
-                req.fallback = d.fallback
-            if not d.dc:
-                self._finish_local(d.request_id, pb.REJECTED, "UNAVAILABLE",
-                                   "no datacenter can serve the request")
-                continue
-            req.target_dc = d.dc
-            req.target_region = d.region
-            if d.forward:
-                req.forwarded = True
-                e.via_region = d.region
-                asyncio.get_running_loop().create_task(self._forward(d))
-            else:
-                self._to_dc(d.request_id, d.dc)
+    # ---------------------------------------------------------------- transport
+    def _decided(self, d: Dispatch) -> None:
+        if self.on_decision is not None:
+            self.on_decision(d)
 
-    async def _forward(self, d: Dispatch) -> None:
-        e = self.entries[d.request_id]
-        half = self.topo.rtt_s[(self.region, d.region)] / 2
-        arrive = e.request.timestamps.decided_s + half
-        await self.clock.sleep_until(arrive)
-        e.request.timestamps.forwarded_arrival_s = arrive
-        link = self.peer_links.get(d.region)
-        if link is None or not link.send(e.request):
-            dc = self.core.local_fallback("", self.clock.now())
-            log.warning("peer %s unreachable; %s falls back to %s", d.region, d.request_id,
-                        dc or "nothing")
-            e.request.forwarded = False
-            e.via_region = ""
-            e.request.fallback = True
-            if dc:
-                e.request.target_dc, e.request.target_region = dc, self.region
-                self._to_dc(d.request_id, dc)
-            else:
-                self._finish_local(d.request_id, pb.FAILED, "UNAVAILABLE",
-                                   f"peer scheduler {d.region} unreachable")
-
-    def _to_dc(self, rid: str, dc: str) -> None:
+    def _outgoing(self, rid: str) -> pb.Request:
+        """The message sent on: the request as received plus, at its origin, the origin's
+        stamps and decision (a copy: the received message is never mutated)."""
         e = self.entries[rid]
-        ts = e.request.timestamps
+        out = pb.Request()
+        out.CopyFrom(e.request)
+        if e.origin:
+            j = self.driver.journeys.get(rid)
+            if j is not None:
+                self._stamp_origin(out, j)
+        return out
+
+    def _stamp_origin(self, req: pb.Request, j: Journey) -> None:
+        ts = req.timestamps
+        ts.scheduler_arrival_s = j.arrival_s
+        if not math.isnan(j.decided_s):
+            ts.decided_s = j.decided_s
+            req.decision_s = j.decision_s
+        req.origin_region = req.origin_region or self.region
+        req.policy = self.core.policy.name
+        req.slo.ttft_s = req.slo.ttft_s or self.topo.slo.ttft_s
+        req.slo.tpot_s = req.slo.tpot_s or self.topo.slo.tpot_s
+        req.forwarded = j.forwarded
+        req.fallback = j.fallback
+        req.target_dc = j.target_dc
+        req.target_region = j.target_region
+
+    def to_peer(self, region: str, rid: str, dc: str, arrive_s: float) -> None:
+        if rid not in self.entries:
+            return
+        msg = self._outgoing(rid)
+        msg.timestamps.forwarded_arrival_s = arrive_s
+        link = self.peer_links.get(region)
+        if link is not None and link.send(msg):
+            return
+        alt = self.core.local_fallback("", self.clock.now())
+        log.warning("peer %s unreachable; %s falls back to %s", region, rid, alt or "nothing")
+        if alt:
+            self.driver.fell_back(rid, alt)
+            self.to_dc(rid, alt)
+        else:
+            self._finish_local(rid, pb.FAILED, "UNAVAILABLE",
+                               f"peer scheduler {region} unreachable")
+
+    def to_dc(self, rid: str, dc: str) -> None:
+        e = self.entries.get(rid)
+        if e is None:
+            return
+        msg = self._outgoing(rid)
+        ts = msg.timestamps
         now = self.clock.now()
         if not e.origin and not self.core.batch and ts.forwarded_arrival_s:
             now = min(now, ts.forwarded_arrival_s)  # dispatched on arrival from the peer
         ts.dc_arrival_s = now  # dispatch stamp: the DC compensates the gRPC hop
         link = self.dc_links.get(dc)
-        if link is not None and link.send(dpb.SubmitRequest(request=e.request)):
+        if link is not None and link.send(dpb.SubmitRequest(request=msg)):
             return
         alt = self.core.local_fallback(dc, self.clock.now())
         alt_link = self.dc_links.get(alt) if alt else None
-        if alt_link is not None and alt_link.send(dpb.SubmitRequest(request=e.request)):
-            log.warning("DC %s unreachable; %s falls back to %s", dc, rid, alt)
-            e.request.fallback = True
-            e.request.target_dc = alt
-            return
+        if alt_link is not None:
+            self.driver.fell_back(rid, alt)
+            msg = self._outgoing(rid)
+            msg.timestamps.dc_arrival_s = now
+            if not e.origin:
+                msg.target_dc, msg.fallback = alt, True
+            if alt_link.send(dpb.SubmitRequest(request=msg)):
+                log.warning("DC %s unreachable; %s falls back to %s", dc, rid, alt)
+                return
         self._finish_local(rid, pb.FAILED, "UNAVAILABLE", f"datacenter {dc} unreachable")
+
+    def reject(self, rid: str, reason: str) -> None:
+        self._finish_local(rid, pb.REJECTED, "UNAVAILABLE", reason)
 
     # ---------------------------------------------------------------- events
     def _on_dc_event(self, ev: pb.RequestEvent) -> None:
@@ -282,7 +263,7 @@ class SchedulerRuntime:
         if e is None or ev.kind == pb.ACCEPTED:
             return
         if e.origin:
-            self._deliver_origin(e, ev, back_s=0.0)
+            self.driver.deliver(ev.request_id, ev.time_s, self._deliver_origin, e, ev)
         else:
             if ev.kind == pb.FINISHED:
                 del self.entries[ev.request_id]
@@ -292,46 +273,49 @@ class SchedulerRuntime:
         e = self.entries.get(ev.request_id)
         if e is None or ev.kind == pb.ACCEPTED:
             return
-        back = self.topo.rtt_s[(self.region, e.via_region)] / 2 if e.via_region else 0.0
-        asyncio.get_running_loop().create_task(self._deliver_later(e, ev, back))
+        self.driver.deliver(ev.request_id, ev.time_s, self._deliver_origin, e, ev)
 
-    async def _deliver_later(self, e: _Entry, ev: pb.RequestEvent, back_s: float) -> None:
-        await self.clock.sleep_until(ev.time_s + back_s)
-        self._deliver_origin(e, ev, back_s)
-
-    def _deliver_origin(self, e: _Entry, ev: pb.RequestEvent, back_s: float) -> None:
-        t = ev.time_s + back_s
-        if ev.kind == pb.FIRST_TOKEN:
-            e.first_token_origin_s = t
-            e.sink(pb.RequestEvent(kind=pb.FIRST_TOKEN, request_id=ev.request_id, time_s=t,
-                                   dc=ev.dc))
+    def _deliver_origin(self, t: float, e: _Entry, ev: pb.RequestEvent) -> None:
+        rid = ev.request_id
+        if self.entries.get(rid) is not e:
             return
-        rec = ev.record
-        _merge_origin(rec.request, e.request)
-        ts = rec.request.timestamps
-        if rec.state == pb.COMPLETED:
-            ts.first_token_origin_s = e.first_token_origin_s or (ts.first_token_s + back_s)
-            ts.completed_origin_s = t
-            rec.ttft_s = ts.first_token_origin_s - ts.scheduler_arrival_s
-            rec.e2e_s = ts.completed_origin_s - ts.scheduler_arrival_s
-        self.entries.pop(ev.request_id, None)
-        e.sink(pb.RequestEvent(kind=pb.FINISHED, request_id=ev.request_id, time_s=t,
-                               record=rec, dc=ev.dc))
+        if ev.kind == pb.FIRST_TOKEN:
+            self.driver.first_token(rid, t)
+            e.sink(pb.RequestEvent(kind=pb.FIRST_TOKEN, request_id=rid, time_s=t, dc=ev.dc))
+            return
+        rec = pb.RequestRecord()
+        rec.CopyFrom(ev.record)
+        j = self.driver.done(rid)
+        if j is not None:
+            self._stamp_origin(rec.request, j)
+            ts = rec.request.timestamps
+            if e.request.timestamps.emitted_s:
+                ts.emitted_s = e.request.timestamps.emitted_s
+            if rec.state == pb.COMPLETED:
+                (ts.first_token_origin_s, ts.completed_origin_s, rec.ttft_s,
+                 rec.e2e_s) = j.latencies(ts.first_token_s, ts.completed_s)
+        self.entries.pop(rid, None)
+        e.sink(pb.RequestEvent(kind=pb.FINISHED, request_id=rid, time_s=t, record=rec,
+                               dc=ev.dc))
 
     def _on_broken(self, rids: list[str], reason: str) -> None:
         for rid in rids:
             e = self.entries.get(rid)
             if e is None:
                 continue
-            where = e.request.target_dc if not e.via_region else f"scheduler {e.via_region}"
+            j = self.driver.journeys.get(rid)
+            where = (f"scheduler {j.via_region}" if j is not None and j.via_region
+                     else (j.target_dc if j is not None else e.request.target_dc))
             self._finish_local(rid, pb.FAILED, "UNAVAILABLE",
                                f"lost when the link to {where} broke ({reason})")
 
     def _finish_local(self, rid: str, state: int, code: str, reason: str) -> None:
-        e = self.entries.pop(rid, None)
-        if e is None:
+        if rid not in self.entries:
             return
-        e.sink(_finished(e.request, state, code, reason, self.clock.now()))
+        msg = self._outgoing(rid)
+        e = self.entries.pop(rid)
+        self.driver.done(rid)
+        e.sink(_finished(msg, state, code, reason, self.clock.now()))
 
     def info(self) -> spb.SchedulerInfo:
         return spb.SchedulerInfo(
@@ -339,23 +323,6 @@ class SchedulerRuntime:
             snapshot_age_s=min(self.core.snapshot_age(self.clock.now()), 1e9),
             **scheduler_block(self.core, self.snapshots),
         )
-
-
-def _merge_origin(dst: pb.Request, src: pb.Request) -> None:
-    """Copy the origin-side fields of `src` into the record's request `dst`."""
-    dts, sts = dst.timestamps, src.timestamps
-    dts.emitted_s = sts.emitted_s
-    dts.scheduler_arrival_s = sts.scheduler_arrival_s
-    dts.decided_s = sts.decided_s
-    if sts.forwarded_arrival_s:
-        dts.forwarded_arrival_s = sts.forwarded_arrival_s
-    dst.origin_region = src.origin_region
-    dst.policy = src.policy
-    dst.forwarded = src.forwarded
-    dst.fallback = src.fallback
-    dst.decision_s = src.decision_s
-    dst.target_dc = src.target_dc
-    dst.target_region = src.target_region
 
 
 def _finished(req: pb.Request, state: int, code: str, reason: str, now: float) -> pb.RequestEvent:

@@ -46,7 +46,13 @@ from services.common.topology import Topology, build_datacenter
 from services.common.vclock import VirtualClock
 from services.datacenter.convert import counters_to_proto
 from services.datacenter.dc import Datacenter
-from services.datacenter.engine import FINISHED, FIRST_TOKEN, EngineEvent, EngineRequest
+from services.datacenter.engine import (
+    FINISHED,
+    FIRST_TOKEN,
+    EngineEvent,
+    EngineRequest,
+    FinishedRequest,
+)
 from services.datacenter.vdriver import VirtualDcRuntime
 from services.loadgen.plan import PlannedRequest, plan_requests
 from services.loadgen.records import COMPLETED, FAILED, REJECTED, RecordRow
@@ -61,8 +67,8 @@ from services.provisioner.convert import batch_occupancy, snapshot_to_proto, sna
 from services.provisioner.core import Poll, SnapshotData
 from services.provisioner.driver import ProvisionerDriver, core_for_topology
 from services.scheduler.core import Dispatch, SchedulerCore
+from services.scheduler.driver import Journey, SchedulerDriver, core_for_region
 from services.scheduler.policies.base import zero_clock
-from services.scheduler.policies.registry import get_policy
 from services.scheduler.summary import scheduler_block
 
 Progress = Callable[[float, int, int], None]
@@ -126,6 +132,14 @@ class _SimMetrics:
         self.csv.close()
 
 
+def _origin_fields(row: RecordRow, j: Journey) -> None:
+    """The origin's stamps and decision of a request, from its journey."""
+    row.decided_s = j.decided_s
+    row.decision_s = j.decision_s
+    row.fallback = j.fallback
+    row.forwarded = j.forwarded
+
+
 @dataclass
 class _Req:
     plan: PlannedRequest
@@ -155,18 +169,14 @@ class SimRun:
             self.drivers[spec.name] = VirtualDcRuntime(dc, self.clock, self._dc_sink(spec.name))
         policy_clock = time.perf_counter if charge_solver_time else zero_clock
         self.schedulers: dict[str, SchedulerCore] = {}
-        for k, region in enumerate(topo.regions):
-            s = region.scheduler
-            policy = get_policy(
-                s.policy,
-                clock=policy_clock,
-                rng=np.random.default_rng(topo.load.seed + 1000 + k),
-                **dict(s.policy_config),
-            )
-            self.schedulers[region.name] = SchedulerCore(
-                region.name, s, topo.dcs, policy, clock=policy_clock
-            )
-        self._flush_at: dict[str, float | None] = {r.name: None for r in topo.regions}
+        self.sched: dict[str, SchedulerDriver] = {}
+        for region in topo.regions:
+            core = core_for_region(topo, region.name, policy_clock)
+            self.schedulers[region.name] = core
+            self.sched[region.name] = SchedulerDriver(
+                core, self.clock, topo.rtt_s, self,
+                (lambda s: s) if charge_solver_time else (lambda s: 0.0),
+                on_decision=self._on_decision(region.name))
         self.reqs: dict[str, _Req] = {}
         self.in_flight = 0
         self.emitted: list[str] = []
@@ -227,55 +237,23 @@ class SimRun:
             origin_region=p.origin_region, ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s,
             arrival_s=now, dataset=p.dataset,
         )
-        sched = self.schedulers[p.origin_region]
-        self._handle(p.origin_region, sched.submit(view, now))
-        self._arm_flush(p.origin_region)
+        self.sched[p.origin_region].submit(view)
 
-    # ---------------------------------------------------------------- schedulers
-    def _arm_flush(self, region: str) -> None:
-        deadline = self.schedulers[region].deadline()
-        if deadline is not None and self._flush_at[region] is None:
-            self._flush_at[region] = deadline
-            self.clock.call_at(deadline, self._flush, region)
+    # ---------------------------------------------------------------- transport
+    # (the virtual transport of `SchedulerDriver`: direct calls)
+    def _on_decision(self, region: str) -> Callable[[Dispatch], None]:
+        def hook(d: Dispatch) -> None:
+            if self._m is not None:
+                self._m.sched[region].on_decision(d)
+        return hook
 
-    def _flush(self, region: str) -> None:
-        self._flush_at[region] = None
-        sched = self.schedulers[region]
-        if sched.deadline() is not None:
-            self._handle(region, sched.flush(self.clock.now()))
-        self._arm_flush(region)
+    def to_peer(self, region: str, rid: str, dc: str, arrive_s: float) -> None:
+        self.sched[region].forwarded_in(rid, dc)
 
-    def _handle(self, region: str, dispatches: list[Dispatch]) -> None:
-        now = self.clock.now()
-        for d in dispatches:
-            r = self.reqs[d.request_id]
-            row = r.row
-            delay = d.decision_s if self.charge else 0.0
-            if region == row.origin_region and math.isnan(row.decided_s):
-                if self._m is not None:
-                    self._m.sched[region].on_decision(d)
-                row.decided_s = now + delay
-                row.decision_s = d.decision_s
-                row.fallback = d.fallback
-            if not d.dc:
-                self.clock.call_at(now + delay, self._finish_failed, d.request_id, REJECTED,
-                                   "no datacenter can serve the request", "UNAVAILABLE")
-                continue
-            if d.forward:
-                row.forwarded = True
-                rtt = self.topo.rtt_s[(region, d.region)]
-                self.clock.call_at(now + delay + rtt / 2, self._arrive_peer, d.region,
-                                   d.request_id, d.dc)
-            else:
-                self.clock.call_at(now + delay, self._to_dc, d.request_id, d.dc)
+    def reject(self, rid: str, reason: str) -> None:
+        self._finish_failed(rid, REJECTED, reason, "UNAVAILABLE")
 
-    def _arrive_peer(self, region: str, rid: str, dc: str) -> None:
-        sched = self.schedulers[region]
-        self._handle(region, sched.admit_forwarded(rid, dc, self.clock.now()))
-        self._arm_flush(region)
-
-    # ---------------------------------------------------------------- datacenters
-    def _to_dc(self, rid: str, dc: str) -> None:
+    def to_dc(self, rid: str, dc: str) -> None:
         r = self.reqs[rid]
         row = r.row
         row.dc = dc
@@ -291,42 +269,46 @@ class SimRun:
             return
         row.engine = self.dcs[dc].engines[idx].name
 
-    def _back_delay(self, row: RecordRow) -> float:
-        if not row.forwarded:
-            return 0.0
-        return self.topo.rtt_s[(row.origin_region, row.dc_region)] / 2
-
+    # ---------------------------------------------------------------- datacenters
     def _dc_sink(self, dc: str) -> Callable[[int, EngineEvent], None]:
         def sink(idx: int, ev: EngineEvent) -> None:
             row = self.reqs[ev.request_id].row
-            back = self._back_delay(row)
+            drv = self.sched[row.origin_region]
             if ev.kind == FIRST_TOKEN:
                 row.first_token_s = ev.time_s
-                row.first_token_origin_s = ev.time_s + back
+                drv.deliver(ev.request_id, ev.time_s, drv.first_token, ev.request_id)
             elif ev.kind == FINISHED and ev.finished is not None:
-                f = ev.finished
-                row.admitted_s = f.admitted_s
-                row.completed_s = f.completed_s
-                row.completed_origin_s = f.completed_s + back
-                row.output_tokens = f.output_tokens
-                row.prefill_tokens = f.prefilled_tokens
-                row.preemptions = f.preemptions
-                row.energy_j = f.energy_j
-                row.ttft_s = row.first_token_origin_s - row.scheduler_arrival_s
-                row.tpot_s = f.tpot_s
-                row.e2e_s = row.completed_origin_s - row.scheduler_arrival_s
-                row.queue_s = f.queue_s
-                row.state = COMPLETED
-                self.in_flight -= 1
-                if self._m is not None:
-                    self._m.completed(dc, row)
+                drv.deliver(ev.request_id, ev.time_s, self._completed, dc, ev.finished)
 
         return sink
+
+    def _completed(self, t_origin: float, dc: str, f: FinishedRequest) -> None:
+        row = self.reqs[f.id].row
+        j = self.sched[row.origin_region].done(f.id)
+        assert j is not None
+        _origin_fields(row, j)
+        row.admitted_s = f.admitted_s
+        row.completed_s = f.completed_s
+        row.first_token_origin_s, row.completed_origin_s, row.ttft_s, row.e2e_s = \
+            j.latencies(f.first_token_s, f.completed_s)
+        row.output_tokens = f.output_tokens
+        row.prefill_tokens = f.prefilled_tokens
+        row.preemptions = f.preemptions
+        row.energy_j = f.energy_j
+        row.tpot_s = f.tpot_s
+        row.queue_s = f.queue_s
+        row.state = COMPLETED
+        self.in_flight -= 1
+        if self._m is not None:
+            self._m.completed(dc, row)
 
     def _finish_failed(self, rid: str, state: str, reason: str, code: str) -> None:
         row = self.reqs[rid].row
         if row.state:
             return
+        j = self.sched[row.origin_region].done(rid)
+        if j is not None:
+            _origin_fields(row, j)
         row.state = state
         row.reason = reason
         row.status_code = code
