@@ -8,6 +8,11 @@ Rules / theory of operation
   deterministic) and randomness only through the injected ``numpy.random.Generator``.
 * ``batch`` tells the caller whether the policy wants a window of requests (Δw = 100 ms or
   300 requests); every policy also accepts a one-request window.
+* ``decide`` is a template: an empty window gets the empty decision, any other goes to
+  the policy's ``decide_window``. A policy overrides one of the two.
+* `SolverPolicy` is the template of the window solvers (ILP, iterative ILP, facility
+  MILP): estimate the window, ``prepare`` the model inputs, ``solve``, then `finish` with
+  the fallback reason of each request the solver did not place (`reasons_for`).
 * Per-scheduler state (round-robin cursor, counters, budgets) lives in the policy object,
   never in module globals, so two schedulers in one process do not interact.
 * DCs with ``up=False`` (or not serving the request's model) are never chosen. When no DC
@@ -23,24 +28,35 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
-import numpy.typing as npt
 
 from services.common.state import RequestView, SnapshotView
-from services.scheduler.estimator import Estimates, Estimator
+from services.scheduler.estimator import Estimates, Estimator, RequestArrays
+from services.scheduler.policies.solver import (
+    BoolArray,
+    FloatArray,
+    HighsSolver,
+    IntArray,
+    SolveResult,
+)
 
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
-FloatArray = npt.NDArray[np.float64]
 Clock = Callable[[], float]
+P = TypeVar("P")  # a solver policy's model inputs (`SolverPolicy.prepare`)
 
 # Fallback reasons (also the keys of PolicyStats.fallback_reasons).
 NO_FEASIBLE = "no_feasible_dc"  # no SLO-feasible DC for the request
 NO_CAPACITY = "no_capacity"  # the solver could not place it within capacity
 SOLVER_FAILED = "solver_failed"  # no usable solution (error, infeasible, time limit)
 BUDGET = "budget_exhausted"  # Green-LLM: no feasible DC with token budget left
+
+
+def check(ok: bool, name: str, rule: str, value: object) -> None:
+    """Validation of a policy config field: ValueError "<name> must be <rule>, got <value>"
+    unless `ok` (a NaN fails every comparison, so it is rejected too)."""
+    if not ok:
+        raise ValueError(f"{name} must be {rule}, got {value!r}")
 
 
 def zero_clock() -> float:
@@ -123,13 +139,21 @@ class RoundRobin:
         return idx
 
 
-class Policy(ABC):
-    """Base class: estimator, deps, counters, fallback chain and Decision building."""
+class Policy:
+    """Base class: estimator, deps, counters, fallback chain and Decision building.
+
+    A subclass overrides `decide_window` (or, owning the empty window too, `decide`)."""
 
     name: str = ""
     batch: bool = False
+    config_cls: type[Any] | None = None  # set by `register`: what `config=None` builds
 
     def __init__(self, config: Any = None, deps: PolicyDeps | None = None) -> None:
+        cls = type(self)
+        if cls.decide is Policy.decide and cls.decide_window is Policy.decide_window:
+            raise TypeError(f"{cls.__name__} must override decide_window (or decide)")
+        if config is None and cls.config_cls is not None:
+            config = cls.config_cls()
         self.config = config
         self.deps = deps or PolicyDeps()
         self.estimator = self.deps.estimator or Estimator()
@@ -137,15 +161,19 @@ class Policy(ABC):
         self.stats = PolicyStats()
         self._fallback_rr = RoundRobin()
 
-    @abstractmethod
     def decide(
-        self,
-        requests: Sequence[RequestView],
-        snapshot: SnapshotView,
-        region: str,
-        now_s: float,
+        self, requests: Sequence[RequestView], snapshot: SnapshotView, region: str, now_s: float
     ) -> Decision:
         """Assign every request of the window to a DC (or None)."""
+        if not requests:
+            return empty_decision(self)
+        return self.decide_window(requests, snapshot, region, now_s)
+
+    def decide_window(
+        self, requests: Sequence[RequestView], snapshot: SnapshotView, region: str, now_s: float
+    ) -> Decision:
+        """`decide` for a window of at least one request."""
+        raise NotImplementedError
 
     # --- helpers for subclasses ---------------------------------------------------------
     def fallback_one(
@@ -229,3 +257,103 @@ def empty_decision(policy: Policy, status: str = "empty") -> Decision:
     d = Decision(targets=(), fallback=(), fallback_reason=(), status=status)
     policy.stats.record(d)
     return d
+
+
+def reasons_for(est: Estimates, res: SolveResult) -> list[str]:
+    """Fallback reason per request after a solve ("" where the solver placed it)."""
+    has_feasible: list[bool] = np.asarray(est.feasible.any(axis=1)).tolist()
+    out: list[str] = []
+    for r, a in enumerate(res.assign.tolist()):
+        if not has_feasible[r]:
+            out.append(NO_FEASIBLE)
+        elif not res.has_solution:
+            out.append(SOLVER_FAILED)
+        elif a < 0:
+            out.append(NO_CAPACITY)
+        else:
+            out.append("")
+    return out
+
+
+def status_of(res: SolveResult) -> str:
+    return res.status if res.has_solution else "solver_failed"
+
+
+@dataclass(frozen=True)
+class SolverConfig:
+    """The setting every window solver has (its config classes extend this one)."""
+
+    time_limit_s: float = field(
+        default=0.25, metadata={"help": "HiGHS time limit per solver call, seconds"}
+    )
+
+    def __post_init__(self) -> None:
+        check(self.time_limit_s >= 0.0, "time_limit_s", ">= 0", self.time_limit_s)
+
+
+@dataclass(frozen=True)
+class Window:
+    """The window a solver policy's `solve` works on: its requests, the snapshot and the
+    decision time (the iterative ILP re-estimates the window on projected DC states)."""
+
+    requests: RequestArrays
+    snapshot: SnapshotView
+    now_s: float
+
+
+@dataclass(frozen=True)
+class Solved:
+    """What `SolverPolicy.solve` returns: the estimates its result refers to (iterative
+    ILP: the last solved round's), the result (times and limit hits over all rounds) and
+    the number of solver calls."""
+
+    est: Estimates
+    result: SolveResult
+    iterations: int = 1
+
+
+class SolverPolicy(Policy, ABC, Generic[P]):
+    """Template of the window solvers: estimate the window on the snapshot, `prepare`
+    the model inputs (timed with the estimate as model build), `solve`, then `finish`:
+    requests the result leaves unplaced (or all of them, when there is no solution) go
+    through the fallback chain with their reason (`reasons_for`); the headroom test uses
+    the first estimate's H_d."""
+
+    batch = True
+
+    def __init__(self, config: Any = None, deps: PolicyDeps | None = None) -> None:
+        super().__init__(config, deps)
+        self.solver = HighsSolver(self.clock)
+
+    @abstractmethod
+    def prepare(self, est: Estimates) -> P:
+        """The solver's inputs derived from the estimates (costs, a warm start)."""
+
+    @abstractmethod
+    def solve(self, est: Estimates, problem: P, window: Window) -> Solved:
+        """Solve the window's model (one or more solver calls)."""
+
+    def decide_window(
+        self, requests: Sequence[RequestView], snapshot: SnapshotView, region: str, now_s: float
+    ) -> Decision:
+        t0 = self.clock()
+        reqs = RequestArrays.from_requests(requests, region)
+        est = self.estimator.estimate(reqs, snapshot, now_s=now_s)
+        problem = self.prepare(est)
+        prep_s = self.clock() - t0
+        out = self.solve(est, problem, Window(reqs, snapshot, now_s))
+        res = out.result
+        assign: IntArray = res.assign if res.has_solution else np.full(len(requests), -1)
+        return self.finish(
+            out.est,
+            assign,
+            reasons_for(out.est, res),
+            status_of(res),
+            solve_s=res.solve_s,
+            build_s=res.build_s + prep_s,
+            iterations=out.iterations,
+            objective_g=res.objective_g,
+            mip_gap=res.mip_gap,
+            limit_hit=res.limit_hit,
+            capacity=est.capacity_requests,
+        )

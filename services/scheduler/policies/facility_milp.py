@@ -25,31 +25,29 @@ Rules / theory of operation
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from services.common.state import RequestView, SnapshotView
 from services.scheduler.estimator import Estimates
 from services.scheduler.policies.base import (
-    Decision,
     FloatArray,
     IntArray,
-    Policy,
-    PolicyDeps,
-    empty_decision,
+    Solved,
+    SolverConfig,
+    SolverPolicy,
+    Window,
+    check,
 )
-from services.scheduler.policies.ilp import reasons_for, status_of
 from services.scheduler.policies.registry import register
-from services.scheduler.policies.solver import HighsSolver, greedy_capacitated
+from services.scheduler.policies.solver import greedy_capacitated
+
+# (c[r,d] marginal carbon, f[d] wake-up carbon, the warm start or None)
+FacilityInputs = tuple[FloatArray, FloatArray, IntArray | None]
 
 
 @dataclass(frozen=True)
-class FacilityMilpConfig:
+class FacilityMilpConfig(SolverConfig):
     """Settings of the facility MILP."""
 
-    time_limit_s: float = field(default=0.25, metadata={"help": "HiGHS time limit, seconds"})
     mip_rel_gap: float = field(
         default=1e-4, metadata={"help": "relative MIP gap at which HiGHS stops"}
     )
@@ -62,10 +60,8 @@ class FacilityMilpConfig:
     presolve: bool = field(default=True, metadata={"help": "run HiGHS presolve"})
 
     def __post_init__(self) -> None:
-        if not self.time_limit_s >= 0.0:
-            raise ValueError(f"time_limit_s must be >= 0, got {self.time_limit_s!r}")
-        if not 0.0 <= self.mip_rel_gap < 1.0:
-            raise ValueError(f"mip_rel_gap must be in [0, 1), got {self.mip_rel_gap!r}")
+        super().__post_init__()
+        check(0.0 <= self.mip_rel_gap < 1.0, "mip_rel_gap", "in [0, 1)", self.mip_rel_gap)
 
 
 def facility_costs(est: Estimates) -> tuple[FloatArray, FloatArray]:
@@ -83,50 +79,29 @@ def facility_costs(est: Estimates) -> tuple[FloatArray, FloatArray]:
     help="Per window: facility-location MILP, each DC's wake-up carbon charged once.",
     batch=True,
 )
-class FacilityMilpPolicy(Policy):
+class FacilityMilpPolicy(SolverPolicy[FacilityInputs]):
     """Capacitated facility MILP with a greedy warm start (HiGHS)."""
 
-    def __init__(
-        self, config: FacilityMilpConfig | None = None, deps: PolicyDeps | None = None
-    ) -> None:
-        cfg = config or FacilityMilpConfig()
-        super().__init__(cfg, deps)
-        self.cfg = cfg
-        self.solver = HighsSolver(self.clock)
+    config: FacilityMilpConfig
 
-    def decide(
-        self, requests: Sequence[RequestView], snapshot: SnapshotView, region: str, now_s: float
-    ) -> Decision:
-        if not requests:
-            return empty_decision(self)
-        t0 = self.clock()
-        est = self.estimator.estimate(requests, snapshot, region=region, now_s=now_s)
+    def prepare(self, est: Estimates) -> FacilityInputs:
         cost, wake = facility_costs(est)
         start: IntArray | None = None
-        if self.cfg.warm_start:
+        if self.config.warm_start:
             start = greedy_capacitated(cost, wake, est.feasible, est.capacity_requests)
-        prep_s = self.clock() - t0
+        return cost, wake, start
+
+    def solve(self, est: Estimates, problem: FacilityInputs, window: Window) -> Solved:
+        cost, wake, start = problem
         res = self.solver.solve_facility(
             cost,
             wake,
             est.feasible,
             est.capacity_requests,
-            time_limit_s=self.cfg.time_limit_s,
-            mip_rel_gap=self.cfg.mip_rel_gap,
+            time_limit_s=self.config.time_limit_s,
+            mip_rel_gap=self.config.mip_rel_gap,
             warm_start=start,
-            linking=self.cfg.linking,
-            presolve=self.cfg.presolve,
+            linking=self.config.linking,
+            presolve=self.config.presolve,
         )
-        assign = res.assign if res.has_solution else np.full(len(requests), -1)
-        return self.finish(
-            est,
-            assign,
-            reasons_for(est, res),
-            status_of(res),
-            solve_s=res.solve_s,
-            build_s=res.build_s + prep_s,
-            iterations=1,
-            objective_g=res.objective_g,
-            mip_gap=res.mip_gap,
-            limit_hit=res.limit_hit,
-        )
+        return Solved(est, res)

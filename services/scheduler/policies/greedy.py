@@ -31,7 +31,7 @@ from services.scheduler.policies.base import (
     IntArray,
     Policy,
     PolicyDeps,
-    empty_decision,
+    check,
 )
 from services.scheduler.policies.registry import register
 
@@ -45,8 +45,7 @@ class GreedyConfig:
     )
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"alpha must be in [0, 1], got {self.alpha!r}")
+        check(0.0 <= self.alpha <= 1.0, "alpha", "in [0, 1]", self.alpha)
 
 
 def greedy_choice(est: Estimates, ci: np.ndarray, alpha: float) -> IntArray:
@@ -72,15 +71,15 @@ def greedy_choice(est: Estimates, ci: np.ndarray, alpha: float) -> IntArray:
 class GreedyPolicy(Policy):
     """Carbon-aware greedy scoring over the SLO-feasible DCs."""
 
-    def __init__(self, config: GreedyConfig | None = None, deps: PolicyDeps | None = None) -> None:
-        super().__init__(config or GreedyConfig(), deps)
-        self.alpha = float(config.alpha if config else 0.5)
+    config: GreedyConfig
 
-    def decide(
+    def __init__(self, config: GreedyConfig | None = None, deps: PolicyDeps | None = None) -> None:
+        super().__init__(config, deps)
+        self.alpha = float(self.config.alpha)
+
+    def decide_window(
         self, requests: Sequence[RequestView], snapshot: SnapshotView, region: str, now_s: float
     ) -> Decision:
-        if not requests:
-            return empty_decision(self)
         est = self.estimator.estimate(requests, snapshot, region=region, now_s=now_s)
         ci = self.estimator.dc_arrays(snapshot).ci_g_per_kwh
         assign = greedy_choice(est, ci, self.alpha)

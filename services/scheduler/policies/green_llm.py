@@ -40,7 +40,6 @@ from services.scheduler.policies.base import (
     Decision,
     Policy,
     PolicyDeps,
-    empty_decision,
 )
 from services.scheduler.policies.registry import register
 
@@ -71,12 +70,12 @@ class GreenLlmConfig:
 class GreenLlmPolicy(Policy):
     """Hourly token budgets per DC, lowest carbon first."""
 
+    config: GreenLlmConfig
+
     def __init__(
         self, config: GreenLlmConfig | None = None, deps: PolicyDeps | None = None
     ) -> None:
-        cfg = config or GreenLlmConfig()
-        super().__init__(cfg, deps)
-        self.cfg = cfg
+        super().__init__(config, deps)
         self._hour: int | None = None
         self._spent: dict[str, float] = {}
         self._bucket: dict[str, float] = {}
@@ -93,7 +92,7 @@ class GreenLlmPolicy(Policy):
         for i, setup in enumerate(dcs.setups):
             pm = self.estimator.perf_model(setup)
             m = float(dcs.max_batch[i])
-            step = max(pm.decode_time(m, m * self.cfg.budget_ctx_tokens), 1e-9)
+            step = max(pm.decode_time(m, m * self.config.budget_ctx_tokens), 1e-9)
             if isl_tokens > 0 and osl_tokens > 0:
                 pre = pm.prefill_time(isl_tokens, 1, isl_tokens * isl_tokens)
                 per_s = osl_tokens / (pre + osl_tokens * step / m)
@@ -102,11 +101,9 @@ class GreenLlmPolicy(Policy):
             out[i] = dcs.engines[i] * per_s * HOUR_S
         return out
 
-    def decide(
+    def decide_window(
         self, requests: Sequence[RequestView], snapshot: SnapshotView, region: str, now_s: float
     ) -> Decision:
-        if not requests:
-            return empty_decision(self)
         hour = int(now_s // HOUR_S)
         if hour != self._hour:
             self._hour = hour
@@ -121,7 +118,7 @@ class GreenLlmPolicy(Policy):
             float(np.mean([max(r.osl_tokens, 1) for r in requests])),
         )
         left = hourly - np.array([self._spent.get(n, 0.0) for n in dcs.names], dtype=np.float64)
-        paced = self.cfg.pacing_s > 0
+        paced = self.config.pacing_s > 0
         if paced:
             left = np.minimum(left, self._refill(dcs, hourly, snapshot, now_s))
         osl = np.array([max(r.osl_tokens, 1) for r in requests], dtype=np.float64)
@@ -153,7 +150,7 @@ class GreenLlmPolicy(Policy):
         over the schedulers (one per region in the snapshot), at most `pacing_s` deep."""
         n_sched = max(len({d.region for d in snapshot.dcs}), 1)
         rate = hourly / HOUR_S / n_sched
-        depth = rate * self.cfg.pacing_s
+        depth = rate * self.config.pacing_s
         dt = 0.0 if self._bucket_t is None else max(now_s - self._bucket_t, 0.0)
         self._bucket_t = now_s
         out = np.zeros(dcs.size, dtype=np.float64)

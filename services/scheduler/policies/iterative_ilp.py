@@ -15,39 +15,26 @@ Rules / theory of operation
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.common.state import RequestView, SnapshotView
-from services.scheduler.estimator import Estimates, RequestArrays
-from services.scheduler.policies.base import (
-    Decision,
-    IntArray,
-    Policy,
-    PolicyDeps,
-    empty_decision,
-)
-from services.scheduler.policies.ilp import reasons_for, status_of
+from services.scheduler.estimator import Estimates
+from services.scheduler.policies.base import IntArray, Solved, SolverConfig, Window, check
+from services.scheduler.policies.ilp import IlpPolicy
 from services.scheduler.policies.registry import register
-from services.scheduler.policies.solver import HighsSolver, SolveResult
 
 
 @dataclass(frozen=True)
-class IterativeIlpConfig:
-    """Settings of the iterative ILP."""
+class IterativeIlpConfig(SolverConfig):
+    """Settings of the iterative ILP (the time limit holds per round)."""
 
     t_max: int = field(default=3, metadata={"help": "maximum solve rounds per window"})
-    time_limit_s: float = field(
-        default=0.25, metadata={"help": "HiGHS time limit per round, seconds"}
-    )
 
     def __post_init__(self) -> None:
-        if self.t_max < 1:
-            raise ValueError(f"t_max must be >= 1, got {self.t_max!r}")
-        if not self.time_limit_s >= 0.0:
-            raise ValueError(f"time_limit_s must be >= 0, got {self.time_limit_s!r}")
+        check(self.t_max >= 1, "t_max", ">= 1", self.t_max)
+        super().__post_init__()
 
 
 @register(
@@ -56,47 +43,31 @@ class IterativeIlpConfig:
     help="Window ILP re-solved on DC states projected with its own assignment (T_max).",
     batch=True,
 )
-class IterativeIlpPolicy(Policy):
+class IterativeIlpPolicy(IlpPolicy):
     """ILP whose solution is fed back into the DC view until it is stable."""
 
-    def __init__(
-        self, config: IterativeIlpConfig | None = None, deps: PolicyDeps | None = None
-    ) -> None:
-        cfg = config or IterativeIlpConfig()
-        super().__init__(cfg, deps)
-        self.t_max = cfg.t_max
-        self.time_limit_s = cfg.time_limit_s
-        self.solver = HighsSolver(self.clock)
+    config: IterativeIlpConfig
 
-    def decide(
-        self, requests: Sequence[RequestView], snapshot: SnapshotView, region: str, now_s: float
-    ) -> Decision:
-        if not requests:
-            return empty_decision(self)
-        t0 = self.clock()
-        reqs = RequestArrays.from_requests(requests, region)
+    def solve(self, est: Estimates, problem: None, window: Window) -> Solved:
+        reqs, snapshot = window.requests, window.snapshot
         base = self.estimator.dc_arrays(snapshot)
-        est = self.estimator.estimate(reqs, snapshot, now_s=now_s)
-        build_s = self.clock() - t0
         capacity = est.capacity_requests
-        solve_s = 0.0
-        best: tuple[Estimates, SolveResult] | None = None
+        solve_s = build_s = 0.0
+        best: Solved | None = None
         prev: IntArray | None = None
         limit_hit = False
         rounds = 0
-        for _ in range(self.t_max):
+        for _ in range(self.config.t_max):
             rounds += 1
-            res = self.solver.solve_assignment(
-                est.carbon_g, est.feasible, capacity, time_limit_s=self.time_limit_s
-            )
+            res = self.assignment(est, capacity)
             solve_s += res.solve_s
             build_s += res.build_s
             limit_hit = limit_hit or res.limit_hit
             if not res.has_solution:
                 if best is None:
-                    best = (est, res)
+                    best = Solved(est, res)
                 break
-            best = (est, res)
+            best = Solved(est, res)
             if prev is not None and np.array_equal(prev, res.assign):
                 break
             prev = res.assign
@@ -107,20 +78,10 @@ class IterativeIlpPolicy(Policy):
                 res.assign[placed], weights=reqs.isl_tokens[placed], minlength=base.size
             ).astype(np.float64)
             projected = base.project(n, tok)
-            est = self.estimator.estimate(reqs, snapshot, dcs=projected, now_s=now_s)
+            est = self.estimator.estimate(reqs, snapshot, dcs=projected, now_s=window.now_s)
             build_s += self.clock() - t1
         assert best is not None
-        est_b, res_b = best
-        assign = res_b.assign if res_b.has_solution else np.full(len(requests), -1)
-        return self.finish(
-            est_b,
-            assign,
-            reasons_for(est_b, res_b),
-            status_of(res_b),
-            solve_s=solve_s,
-            build_s=build_s,
-            iterations=rounds,
-            objective_g=res_b.objective_g,
-            limit_hit=limit_hit,
-            capacity=capacity,
+        totals = dataclasses.replace(
+            best.result, solve_s=solve_s, build_s=build_s, limit_hit=limit_hit
         )
+        return Solved(best.est, totals, rounds)

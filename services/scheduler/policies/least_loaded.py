@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from services.common.state import RequestView, SnapshotView
-from services.scheduler.policies.base import Decision, Policy, PolicyDeps, empty_decision
+from services.scheduler.policies.base import Decision, Policy, PolicyDeps
 from services.scheduler.policies.registry import register
 
 
@@ -32,11 +32,9 @@ class LeastLoadedPolicy(Policy):
         self._seq: int | None = None
         self._pending: dict[str, float] = {}
 
-    def decide(
+    def decide_window(
         self, requests: Sequence[RequestView], snapshot: SnapshotView, region: str, now_s: float
     ) -> Decision:
-        if not requests:
-            return empty_decision(self)
         if snapshot.seq != self._seq:
             self._seq = snapshot.seq
             self._pending = {}

@@ -9,25 +9,14 @@ Rules / theory of operation
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from services.common.state import RequestView, SnapshotView
-from services.scheduler.policies.base import NO_FEASIBLE, Decision, Policy, empty_decision
-from services.scheduler.policies.greedy import greedy_choice
+from services.scheduler.policies.base import PolicyDeps
+from services.scheduler.policies.greedy import GreedyConfig, GreedyPolicy
 from services.scheduler.policies.registry import register
 
 
 @register("moer", help="Per request: the lowest-CI SLO-feasible DC (greedy with alpha=0).")
-class MoerPolicy(Policy):
-    """Lowest carbon intensity among SLO-feasible DCs."""
+class MoerPolicy(GreedyPolicy):
+    """Lowest carbon intensity among SLO-feasible DCs: the greedy policy at alpha = 0."""
 
-    def decide(
-        self, requests: Sequence[RequestView], snapshot: SnapshotView, region: str, now_s: float
-    ) -> Decision:
-        if not requests:
-            return empty_decision(self)
-        est = self.estimator.estimate(requests, snapshot, region=region, now_s=now_s)
-        ci = self.estimator.dc_arrays(snapshot).ci_g_per_kwh
-        assign = greedy_choice(est, ci, 0.0)
-        reasons = [NO_FEASIBLE if a < 0 else "" for a in assign.tolist()]
-        return self.finish(est, assign, reasons, "heuristic")
+    def __init__(self, config: object = None, deps: PolicyDeps | None = None) -> None:
+        super().__init__(GreedyConfig(alpha=0.0), deps)  # MOER has no settings of its own

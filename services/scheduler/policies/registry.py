@@ -144,11 +144,13 @@ REGISTRY = PolicyRegistry()
 def register(
     name: str, config_cls: type[Any] = NoConfig, help: str = "", batch: bool = False
 ) -> Callable[[type[Policy]], type[Policy]]:
-    """Class decorator registering a built-in policy ``cls(config, deps)``."""
+    """Class decorator registering a built-in policy ``cls(config, deps)``; `config_cls()`
+    becomes the policy's config when it is built with ``config=None``."""
 
     def deco(cls: type[Policy]) -> type[Policy]:
         cls.name = name
         cls.batch = batch
+        cls.config_cls = config_cls
         REGISTRY.register(PolicySpec(name, config_cls, cls, help or (cls.__doc__ or ""), batch))
         return cls
 

@@ -19,7 +19,6 @@ from services.scheduler.policies.base import (
     Policy,
     PolicyDeps,
     RoundRobin,
-    empty_decision,
 )
 from services.scheduler.policies.registry import register
 
@@ -32,11 +31,9 @@ class RoundRobinPolicy(Policy):
         super().__init__(config, deps)
         self._rr = RoundRobin()
 
-    def decide(
+    def decide_window(
         self, requests: Sequence[RequestView], snapshot: SnapshotView, region: str, now_s: float
     ) -> Decision:
-        if not requests:
-            return empty_decision(self)
         _, dcs, elig = self.estimator.eligibility(requests, snapshot, region)
         assign = np.array([self._rr.pick(elig[r]) for r in range(len(requests))], dtype=np.int64)
         return self.build(dcs.names, assign, [""] * len(requests), "heuristic")
