@@ -31,12 +31,12 @@ Theory of operation
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from services.common.state import RequestView, SnapshotView
 from services.common.topology import DcSpec, SchedulerSpec
-from services.scheduler.policies.base import Policy, zero_clock
+from services.scheduler.policies.base import DecisionStats, Policy, zero_clock
 
 Clock = Callable[[], float]
 
@@ -54,17 +54,30 @@ class Dispatch:
 
 
 @dataclass
-class SchedulerStats:
-    decisions: int = 0
+class SchedulerStats(DecisionStats):
+    """The policy's window counters (`DecisionStats`) over every window this scheduler
+    decided, stale round-robin ones included, plus its routing counters. `fallbacks`
+    counts the fallbacks a DC took (and each `local_fallback`)."""
+
     local: int = 0
     forwarded: int = 0
-    fallbacks: int = 0
     stale_decisions: int = 0
-    unplaceable: int = 0
-    windows: int = 0
     forwarded_in: int = 0
-    window_sizes: list[int] = field(default_factory=list)
+    window_sizes: list[int] = field(default_factory=list)  # the latest 5000-10000
     solver_status: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def decisions(self) -> int:
+        """Requests decided (`requests`)."""
+        return self.requests
+
+    def tally(self, targets: Sequence[str | None], fallback: Iterable[bool],
+              reasons: Sequence[str]) -> None:
+        placed = [f and bool(t) for f, t in zip(fallback, targets, strict=True)]
+        super().tally(targets, placed, reasons)
+        self.window_sizes.append(len(targets))
+        if len(self.window_sizes) > 10_000:
+            del self.window_sizes[:5_000]
 
 
 class SchedulerCore:
@@ -199,12 +212,10 @@ class SchedulerCore:
     # ---------------------------------------------------------------- decisions
     def _decide(self, reqs: list[RequestView], now: float) -> list[Dispatch]:
         st = self.stats
-        st.windows += 1
-        st.window_sizes.append(len(reqs))
-        if len(st.window_sizes) > 10_000:
-            del st.window_sizes[:5_000]
         if self.stale(now) or self.snapshot is None:
-            return [self._stale_dispatch(r, now) for r in reqs]
+            out = [self._stale_dispatch(r, now) for r in reqs]
+            st.tally([d.dc for d in out], [d.fallback for d in out], [d.reason for d in out])
+            return out
         t0 = self.clock()
         view = self.view()
         assert view is not None
@@ -216,6 +227,7 @@ class SchedulerCore:
             if dc:
                 n, tok = self._since.get(dc, (0.0, 0.0))
                 self._since[dc] = (n + 1.0, tok + r.isl_tokens)
+        st.tally(decision.targets, decision.fallback, decision.fallback_reason)
         st.solver_status[decision.status] = st.solver_status.get(decision.status, 0) + 1
         out = []
         for k, r in enumerate(reqs):
@@ -254,19 +266,14 @@ class SchedulerCore:
 
     def _finish(self, rid: str, dc: str, fallback: bool, reason: str, now: float,
                 took: float) -> Dispatch:
-        st = self.stats
-        st.decisions += 1
         if not dc:
-            st.unplaceable += 1
             return Dispatch(rid, "", "", False, fallback, reason or "no_dc", now, took)
         region = self.dc_region.get(dc, self.region)
         forward = region != self.region
         if forward:
-            st.forwarded += 1
+            self.stats.forwarded += 1
         else:
-            st.local += 1
-        if fallback:
-            st.fallbacks += 1
+            self.stats.local += 1
         return Dispatch(rid, dc, region, forward, fallback, reason, now, took)
 
     def local_fallback(self, exclude: str, now: float) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -85,31 +85,45 @@ class Decision:
 
 
 @dataclass
-class PolicyStats:
-    """Counters of one policy object (mutable run state, owned by the policy)."""
+class DecisionStats:
+    """Counters of decided windows: the record that a policy object's `PolicyStats` and a
+    regional scheduler's `SchedulerStats` (services/scheduler/core.py) both extend."""
 
     windows: int = 0
     requests: int = 0
     fallbacks: int = 0
     unplaceable: int = 0
+    fallback_reasons: Counter[str] = field(default_factory=Counter)
+
+    def tally(
+        self, targets: Sequence[str | None], fallback: Iterable[bool], reasons: Sequence[str]
+    ) -> None:
+        """Count one decided window: its requests, those no DC takes (target None or ""),
+        the `fallback` flags set and the non-empty fallback `reasons`."""
+        self.windows += 1
+        self.requests += len(targets)
+        self.fallbacks += sum(fallback)
+        self.unplaceable += sum(not t for t in targets)
+        for reason in reasons:
+            if reason:
+                self.fallback_reasons[reason] += 1
+
+
+@dataclass
+class PolicyStats(DecisionStats):
+    """Counters of one policy object (mutable run state, owned by the policy)."""
+
     solver_calls: int = 0
     limit_hits: int = 0
     solver_failures: int = 0
     solve_s_total: float = 0.0
-    fallback_reasons: Counter[str] = field(default_factory=Counter)
 
     def record(self, d: Decision) -> None:
-        self.windows += 1
-        self.requests += len(d.targets)
-        self.fallbacks += d.n_fallback
-        self.unplaceable += sum(t is None for t in d.targets)
+        self.tally(d.targets, d.fallback, d.fallback_reason)
         self.solver_calls += d.iterations
         self.limit_hits += int(d.limit_hit)
         self.solver_failures += int(d.status == "solver_failed")
         self.solve_s_total += d.solve_s
-        for reason in d.fallback_reason:
-            if reason:
-                self.fallback_reasons[reason] += 1
 
 
 @dataclass(frozen=True)
