@@ -17,6 +17,11 @@ Models (paper 1 §III-B, DESIGN §4)::
     E_pre  = e0 + e_p*N + e_a*sum(n_i^2)
     E_dec  = e0 + e_d*B + e_k*K
 
+The formulas themselves live once, in `services.datacenter.perfmodel`. The coefficient
+records below are generic in their number type: ``float`` in a `Calibration` (and in the
+fit tool's results, which extend them), numpy columns with one entry per DC in the
+scheduler's estimator (`perfmodel.columns`).
+
 Frequency (per phase; f_max = max level)::
 
     time(f)  = time(f_max)  * (c * f_max / f + (1 - c))          c: compute-bound fraction
@@ -29,13 +34,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import yaml
 
 from services.common.errors import ConfigError
 
 CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "calibration"
+
+N = TypeVar("N")  # number type of a coefficient record: float, or a numpy column per DC
 
 
 @dataclass(frozen=True)
@@ -57,32 +64,32 @@ class EngineSpec:
 
 
 @dataclass(frozen=True)
-class PrefillCoeffs:
-    b0_s: float
-    b1_s: float
-    b2_s: float
-    tok_slope_s: float
-    tok_slope_above_s: float
-    knee_tokens: float
+class PrefillCoeffs(Generic[N]):
+    b0_s: N
+    b1_s: N
+    b2_s: N
+    tok_slope_s: N
+    tok_slope_above_s: N
+    knee_tokens: N
 
 
 @dataclass(frozen=True)
-class DecodeCoeffs:
-    alpha_s: tuple[float, float, float]
-    beta_s: tuple[float, float, float]
+class DecodeCoeffs(Generic[N]):
+    alpha_s: tuple[N, N, N]
+    beta_s: tuple[N, N, N]
 
 
 @dataclass(frozen=True)
-class EnergyCoeffs:
-    prefill_e0_j: float
-    prefill_ep_j: float
-    prefill_ea_j: float
-    decode_e0_j: float
-    decode_ed_j: float
-    decode_ek_j: float
-    idle_w_per_gpu: float
-    host_w_per_node: float
-    tdp_w_per_gpu: float
+class EnergyCoeffs(Generic[N]):
+    prefill_e0_j: N
+    prefill_ep_j: N
+    prefill_ea_j: N
+    decode_e0_j: N
+    decode_ed_j: N
+    decode_ek_j: N
+    idle_w_per_gpu: N
+    host_w_per_node: N
+    tdp_w_per_gpu: N
 
 
 @dataclass(frozen=True)
@@ -125,9 +132,9 @@ class Calibration:
     tp: int
     derived: str
     engine: EngineSpec
-    prefill: PrefillCoeffs
-    decode: DecodeCoeffs
-    energy: EnergyCoeffs
+    prefill: PrefillCoeffs[float]
+    decode: DecodeCoeffs[float]
+    energy: EnergyCoeffs[float]
     frequency: FrequencyModel
     provenance: Mapping[str, Any]
 

@@ -2,34 +2,144 @@
 
 Rules
 -----
-* Pure functions of the step's shape: prefill (total tokens N, requests B, sum n_i^2) and
-  decode (batch B, cached tokens K). All coefficients come from a `Calibration`.
-* Energies are per step for the whole engine (all TP GPUs); idle and host power are
-  standing costs accounted by the engine and datacenter, not here.
+* The one home of the step formulas (DESIGN §4)::
+
+      t_pre = t_tok(N) + b0 + b1*B + b2*sum(n_i^2)
+      t_tok = s_lo*N (N <= knee),  s_lo*knee + s_hi*(N - knee) (N > knee)
+      t_dec = a0 + a1*B + a2*B^2,  a_j = alpha_j + beta_j * (K / B)   (0 for B = 0)
+      E_pre = e0 + e_p*N + e_a*sum(n_i^2)
+      E_dec = e0 + e_d*B + e_k*K                                        (0 for B = 0)
+
+  Each is written once (`prefill_step_time`, `decode_step_time`, `prefill_step_energy`,
+  `decode_step_energy`) over a coefficient record of `services.common.calibration` and
+  step shapes that may be Python floats or numpy arrays (broadcasting; `select` is the
+  one branch). The engine (`PerfModel`, plain float math on its hot path), the ``*_arr``
+  helpers, the scheduler's estimator (coefficient records of per-DC columns, `columns`)
+  and the calibration fit all evaluate these functions.
+* Step shapes: prefill (total tokens N, requests B, sum n_i^2), decode (batch B, cached
+  tokens K). Energies are per step for the whole engine (all TP GPUs); idle and host power
+  are standing costs accounted by the engine and datacenter, not here.
 * A frequency level scales each phase's time and energy by the calibration's frequency
-  model; the maximum level leaves the calibrated values unchanged.
-* Scalar methods are the engine's hot path (plain float math); the ``*_arr`` functions are
-  numpy versions for estimators, fitting and plots.
+  model (`FrequencyModel.factors`); the maximum level leaves the calibrated values
+  unchanged. The ``*_arr`` helpers are at the maximum level.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
 import numpy as np
 import numpy.typing as npt
 
-from services.common.calibration import Calibration
+from services.common.calibration import (
+    Calibration,
+    DecodeCoeffs,
+    EnergyCoeffs,
+    PrefillCoeffs,
+)
 from services.common.errors import InvalidInput
 
 FloatArray = npt.NDArray[np.float64]
+X = TypeVar("X", float, FloatArray)  # a step shape: one step, or an array of steps
+_ndarray = np.ndarray  # bound once: the scalar/array test is on the hot path
 
 
-def t_tok(n_tokens: float, slope: float, slope_above: float, knee: float) -> float:
-    """Piecewise-linear token term: slope up to the knee, slope_above beyond it."""
-    if n_tokens <= knee:
-        return slope * n_tokens
-    return slope * knee + slope_above * (n_tokens - knee)
+def select(cond: Any, a: X, b: X | float) -> X:
+    """``a`` where `cond` holds, else ``b``: `numpy.where` for arrays, a plain
+    conditional for a Python bool (no numpy on the scalar path). The step formulas below
+    inline this test: they are the engine's hot path."""
+    if isinstance(cond, _ndarray):
+        return np.where(cond, a, b)  # type: ignore[return-value]
+    return a if cond else b  # type: ignore[return-value]
 
 
+# --- the step formulas -----------------------------------------------------------------
+def prefill_step_time(
+    p: PrefillCoeffs[Any], n_tokens: X, n_requests: X | float, sum_sq: X | float
+) -> X:
+    """t_pre = t_tok(N) + b0 + b1*B + b2*sum(n_i^2), t_tok piecewise linear with a knee."""
+    k = p.knee_tokens
+    below = p.tok_slope_s * n_tokens
+    above = p.tok_slope_s * k + p.tok_slope_above_s * (n_tokens - k)
+    lo = n_tokens <= k
+    tok = np.where(lo, below, above) if isinstance(lo, _ndarray) else (below if lo else above)
+    return tok + p.b0_s + p.b1_s * n_requests + p.b2_s * sum_sq
+
+
+def _decode_time(d: DecodeCoeffs[Any], b: X, kv_tokens: X | float) -> X:
+    ctx = kv_tokens / b
+    a, be = d.alpha_s, d.beta_s
+    return (a[0] + be[0] * ctx) + (a[1] + be[1] * ctx) * b + (a[2] + be[2] * ctx) * b * b
+
+
+def decode_step_time(d: DecodeCoeffs[Any], batch: X, kv_tokens: X | float) -> X:
+    """t_dec = a0 + a1*B + a2*B^2 with a_j = alpha_j + beta_j*(K/B); 0 for an empty batch."""
+    if isinstance(batch, _ndarray):
+        busy = batch > 0
+        return np.where(busy, _decode_time(d, np.where(busy, batch, 1.0), kv_tokens), 0.0)
+    return _decode_time(d, batch, kv_tokens) if batch > 0 else 0.0
+
+
+def prefill_step_energy(e: EnergyCoeffs[Any], n_tokens: X, sum_sq: X | float) -> X:
+    """E_pre = e0 + e_p*N + e_a*sum(n_i^2) (whole engine, J)."""
+    return e.prefill_e0_j + e.prefill_ep_j * n_tokens + e.prefill_ea_j * sum_sq
+
+
+def decode_step_energy(e: EnergyCoeffs[Any], batch: X, kv_tokens: X | float) -> X:
+    """E_dec = e0 + e_d*B + e_k*K (whole engine, J); 0 for an empty batch."""
+    j = e.decode_e0_j + e.decode_ed_j * batch + e.decode_ek_j * kv_tokens
+    if isinstance(batch, _ndarray):
+        return np.where(batch > 0, j, 0.0)
+    return j if batch > 0 else 0.0
+
+
+def chunked_prefill_time(
+    p: PrefillCoeffs[Any],
+    chunk_tokens: FloatArray,
+    n_tokens: FloatArray,
+    n_requests: FloatArray | float,
+    sum_sq: FloatArray | float,
+) -> tuple[FloatArray, FloatArray]:
+    """(time, steps) of prefilling `n_tokens` in steps of at most `chunk_tokens`: full steps
+    of one request and no attention term, then the last step with the remaining tokens,
+    `n_requests` requests and `sum_sq`. 0 tokens take 0 s."""
+    n = np.maximum(n_tokens, 0.0)
+    steps = np.ceil(n / chunk_tokens)
+    full = np.maximum(steps - 1.0, 0.0)
+    last = n - full * chunk_tokens
+    t = full * prefill_step_time(p, chunk_tokens, 1.0, 0.0) + prefill_step_time(
+        p, last, n_requests, sum_sq
+    )
+    return np.where(n > 0, t, 0.0), steps
+
+
+def engine_idle_w(e: EnergyCoeffs[Any], tp: Any) -> Any:
+    """Idle power of a whole engine (all its `tp` GPUs)."""
+    return e.idle_w_per_gpu * tp
+
+
+def columns(cls: type[Any], records: Sequence[Any]) -> Any:
+    """One record of class `cls` whose fields are numpy columns (one entry per record, in
+    order) of the float fields of `records`; a ``tuple[...]`` field becomes a tuple of
+    columns. Used for per-DC coefficient arrays (`PrefillCoeffs` of columns, ...)."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        vals = [getattr(r, f.name) for r in records]
+        if typing.get_origin(hints[f.name]) is tuple:
+            width = len(typing.get_args(hints[f.name]))
+            out[f.name] = tuple(
+                np.array([v[j] for v in vals], dtype=np.float64) for j in range(width)
+            )
+        else:
+            out[f.name] = np.array(vals, dtype=np.float64)
+    return cls(**out)
+
+
+# --- the engine's model: scalar, frequency-scaled --------------------------------------
 class PerfModel:
     """Step-time and step-energy model of one engine at a settable GPU frequency."""
 
@@ -57,81 +167,47 @@ class PerfModel:
         self.decode_time_factor, self.decode_energy_factor = fm.factors(level, "decode")
         return level
 
-    # --- prefill -----------------------------------------------------------------------
     def prefill_time(self, n_tokens: float, n_requests: float, sum_sq: float) -> float:
-        p = self._p
-        t = (
-            t_tok(n_tokens, p.tok_slope_s, p.tok_slope_above_s, p.knee_tokens)
-            + p.b0_s
-            + p.b1_s * n_requests
-            + p.b2_s * sum_sq
-        )
-        return t * self.prefill_time_factor
+        return prefill_step_time(self._p, n_tokens, n_requests, sum_sq) * self.prefill_time_factor
 
     def prefill_energy(self, n_tokens: float, sum_sq: float) -> float:
-        e = self._e
-        j = e.prefill_e0_j + e.prefill_ep_j * n_tokens + e.prefill_ea_j * sum_sq
-        return j * self.prefill_energy_factor
+        return prefill_step_energy(self._e, n_tokens, sum_sq) * self.prefill_energy_factor
 
-    # --- decode ------------------------------------------------------------------------
     def decode_time(self, batch: float, kv_tokens: float) -> float:
-        if batch <= 0:
-            return 0.0
-        mean_ctx = kv_tokens / batch
-        a, b = self._d.alpha_s, self._d.beta_s
-        a0 = a[0] + b[0] * mean_ctx
-        a1 = a[1] + b[1] * mean_ctx
-        a2 = a[2] + b[2] * mean_ctx
-        return (a0 + a1 * batch + a2 * batch * batch) * self.decode_time_factor
+        return decode_step_time(self._d, batch, kv_tokens) * self.decode_time_factor
 
     def decode_energy(self, batch: float, kv_tokens: float) -> float:
-        if batch <= 0:
-            return 0.0
-        e = self._e
-        j = e.decode_e0_j + e.decode_ed_j * batch + e.decode_ek_j * kv_tokens
-        return j * self.decode_energy_factor
+        return decode_step_energy(self._e, batch, kv_tokens) * self.decode_energy_factor
 
-    # --- standing power ----------------------------------------------------------------
     @property
     def idle_w(self) -> float:
         """Idle power of the whole engine (all its TP GPUs)."""
-        return self._e.idle_w_per_gpu * self.cal.tp
+        return float(engine_idle_w(self._e, self.cal.tp))
 
 
+# --- array helpers at the maximum frequency --------------------------------------------
 def prefill_time_arr(
     cal: Calibration, n_tokens: FloatArray, n_requests: FloatArray, sum_sq: FloatArray
 ) -> FloatArray:
     """Vectorised `PerfModel.prefill_time` at the maximum frequency."""
-    p = cal.prefill
-    n = np.asarray(n_tokens, dtype=np.float64)
-    tok = np.where(
-        n <= p.knee_tokens,
-        p.tok_slope_s * n,
-        p.tok_slope_s * p.knee_tokens + p.tok_slope_above_s * (n - p.knee_tokens),
+    return prefill_step_time(
+        cal.prefill, np.asarray(n_tokens, dtype=np.float64), np.asarray(n_requests),
+        np.asarray(sum_sq),
     )
-    return tok + p.b0_s + p.b1_s * np.asarray(n_requests) + p.b2_s * np.asarray(sum_sq)
 
 
 def decode_time_arr(cal: Calibration, batch: FloatArray, kv_tokens: FloatArray) -> FloatArray:
     """Vectorised `PerfModel.decode_time` at the maximum frequency (0 where batch is 0)."""
-    b = np.asarray(batch, dtype=np.float64)
-    k = np.asarray(kv_tokens, dtype=np.float64)
-    safe_b = np.where(b > 0, b, 1.0)
-    ctx = k / safe_b
-    a, be = cal.decode.alpha_s, cal.decode.beta_s
-    t = (a[0] + be[0] * ctx) + (a[1] + be[1] * ctx) * b + (a[2] + be[2] * ctx) * b * b
-    return np.where(b > 0, t, 0.0)
-
-
-def prefill_energy_arr(cal: Calibration, n_tokens: FloatArray, sum_sq: FloatArray) -> FloatArray:
-    e = cal.energy
-    return e.prefill_e0_j + e.prefill_ep_j * np.asarray(n_tokens) + e.prefill_ea_j * np.asarray(
-        sum_sq
+    return decode_step_time(
+        cal.decode, np.asarray(batch, dtype=np.float64), np.asarray(kv_tokens, dtype=np.float64)
     )
 
 
+def prefill_energy_arr(cal: Calibration, n_tokens: FloatArray, sum_sq: FloatArray) -> FloatArray:
+    return prefill_step_energy(cal.energy, np.asarray(n_tokens), np.asarray(sum_sq))
+
+
 def decode_energy_arr(cal: Calibration, batch: FloatArray, kv_tokens: FloatArray) -> FloatArray:
-    e = cal.energy
-    b = np.asarray(batch, dtype=np.float64)
-    j = e.decode_e0_j + e.decode_ed_j * b + e.decode_ek_j * np.asarray(kv_tokens)
-    return np.where(b > 0, j, 0.0)
+    return decode_step_energy(
+        cal.energy, np.asarray(batch, dtype=np.float64), np.asarray(kv_tokens)
+    )
