@@ -45,6 +45,8 @@ Rules / theory of operation
   estimates within the request's SLOs. ``capacity_requests[d]`` (H_d) is the number of free
   batch slots in the DC: ``floor(max(0, max_batch - B_d - waiting_d) * engines)``.
 * `DcArrays.project` adds requests "as if already dispatched" (iterative ILP).
+* The step formulas (t_pre, t_dec) are `services.datacenter.perfmodel`'s, evaluated on
+  the calibrations' coefficient records with one numpy column per DC (`Coeffs`).
 """
 
 from __future__ import annotations
@@ -55,10 +57,22 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from services.common.calibration import Calibration, load_calibration
+from services.common.calibration import (
+    Calibration,
+    DecodeCoeffs,
+    EnergyCoeffs,
+    PrefillCoeffs,
+    load_calibration,
+)
 from services.common.errors import InvalidInput
 from services.common.state import RequestView, SnapshotView
-from services.datacenter.perfmodel import PerfModel
+from services.datacenter.perfmodel import (
+    PerfModel,
+    chunked_prefill_time,
+    columns,
+    decode_step_time,
+    engine_idle_w,
+)
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -81,24 +95,14 @@ class EstimatorConfig:
 
 @dataclass(frozen=True)
 class Coeffs:
-    """Calibration coefficients as per-DC arrays (one entry per DC, snapshot order)."""
+    """Calibration coefficients of the DCs as per-DC columns (snapshot order): the
+    calibration's own records with a numpy column in each field."""
 
-    b0_s: FloatArray
-    b1_s: FloatArray
-    b2_s: FloatArray
-    slope_s: FloatArray
-    slope_above_s: FloatArray
-    knee_tokens: FloatArray
-    chunk_tokens: FloatArray
-    alpha_s: FloatArray  # [3, D]
-    beta_s: FloatArray  # [3, D]
-    e0_pre_j: FloatArray
-    ep_j: FloatArray
-    ea_j: FloatArray
-    e0_dec_j: FloatArray
-    ed_j: FloatArray
-    ek_j: FloatArray
-    idle_w: FloatArray
+    prefill: PrefillCoeffs[FloatArray]
+    decode: DecodeCoeffs[FloatArray]
+    energy: EnergyCoeffs[FloatArray]
+    chunk_tokens: FloatArray  # max_num_batched_tokens
+    idle_w: FloatArray  # idle power of a whole engine
     kv_capacity_tokens: FloatArray
 
 
@@ -232,40 +236,6 @@ class Estimates:
         return (int(self.ttft_s.shape[0]), int(self.ttft_s.shape[1]))
 
 
-def _t_tok(n: FloatArray, c: Coeffs) -> FloatArray:
-    below = c.slope_s * n
-    above = c.slope_s * c.knee_tokens + c.slope_above_s * (n - c.knee_tokens)
-    return np.where(n <= c.knee_tokens, below, above)
-
-
-def prefill_total_s(
-    n_tokens: FloatArray, n_requests: FloatArray, sum_sq: FloatArray, c: Coeffs
-) -> tuple[FloatArray, FloatArray]:
-    """(time, chunks) to prefill `n_tokens` in chunks of at most `chunk_tokens` (0 tokens
-    take 0 s). Broadcasts over any shape whose last axis is the DC axis."""
-    n = np.maximum(n_tokens, 0.0)
-    chunks = np.ceil(n / c.chunk_tokens)
-    full = np.maximum(chunks - 1.0, 0.0)
-    last = n - full * c.chunk_tokens
-    t = (
-        full * _t_tok(c.chunk_tokens, c)
-        + _t_tok(last, c)
-        + chunks * c.b0_s
-        + c.b1_s * (n_requests + full)
-        + c.b2_s * sum_sq
-    )
-    return np.where(n > 0, t, 0.0), chunks
-
-
-def _t_dec(batch: FloatArray, kv_tokens: FloatArray, c: Coeffs) -> FloatArray:
-    b = np.maximum(batch, 1e-9)
-    ctx = kv_tokens / b
-    a0 = c.alpha_s[0] + c.beta_s[0] * ctx
-    a1 = c.alpha_s[1] + c.beta_s[1] * ctx
-    a2 = c.alpha_s[2] + c.beta_s[2] * ctx
-    return np.where(batch > 0, a0 + a1 * batch + a2 * batch * batch, 0.0)
-
-
 class Estimator:
     """Vectorised TTFT / TPOT / carbon estimates for a window of requests."""
 
@@ -297,32 +267,16 @@ class Estimator:
         if hit is not None:
             return hit
         cals = [self.perf_model(s).cal for s in setups]
-
-        def arr(f: Callable[[Calibration], float]) -> FloatArray:
-            return np.array([f(c) for c in cals], dtype=np.float64)
-
+        energy: EnergyCoeffs[FloatArray] = columns(EnergyCoeffs, [c.energy for c in cals])
         co = Coeffs(
-            b0_s=arr(lambda c: c.prefill.b0_s),
-            b1_s=arr(lambda c: c.prefill.b1_s),
-            b2_s=arr(lambda c: c.prefill.b2_s),
-            slope_s=arr(lambda c: c.prefill.tok_slope_s),
-            slope_above_s=arr(lambda c: c.prefill.tok_slope_above_s),
-            knee_tokens=arr(lambda c: c.prefill.knee_tokens),
-            chunk_tokens=arr(lambda c: float(c.engine.max_num_batched_tokens)),
-            alpha_s=np.array([c.decode.alpha_s for c in cals], dtype=np.float64).T.reshape(
-                3, len(cals)
+            prefill=columns(PrefillCoeffs, [c.prefill for c in cals]),
+            decode=columns(DecodeCoeffs, [c.decode for c in cals]),
+            energy=energy,
+            chunk_tokens=np.array([c.engine.max_num_batched_tokens for c in cals], np.float64),
+            idle_w=engine_idle_w(energy, np.array([c.tp for c in cals], np.float64)),
+            kv_capacity_tokens=np.array(
+                [c.engine.kv_capacity_tokens(c.tp) for c in cals], np.float64
             ),
-            beta_s=np.array([c.decode.beta_s for c in cals], dtype=np.float64).T.reshape(
-                3, len(cals)
-            ),
-            e0_pre_j=arr(lambda c: c.energy.prefill_e0_j),
-            ep_j=arr(lambda c: c.energy.prefill_ep_j),
-            ea_j=arr(lambda c: c.energy.prefill_ea_j),
-            e0_dec_j=arr(lambda c: c.energy.decode_e0_j),
-            ed_j=arr(lambda c: c.energy.decode_ed_j),
-            ek_j=arr(lambda c: c.energy.decode_ek_j),
-            idle_w=arr(lambda c: c.energy.idle_w_per_gpu * c.tp),
-            kv_capacity_tokens=arr(lambda c: float(c.engine.kv_capacity_tokens(c.tp))),
         )
         self._coeffs[setups] = co
         return co
@@ -384,7 +338,8 @@ class Estimator:
 
         duty = np.minimum(lat.duty_ratio, cfg.max_duty_ratio)
         stretch = 1.0 / (1.0 - duty)
-        step_s = _t_dec(lat.batch, lat.kv_tokens, co) * stretch  # effective step now
+        # effective step now
+        step_s = decode_step_time(co.decode, lat.batch, lat.kv_tokens) * stretch
 
         # W_d: iteration boundary + waiting for `excess` retirements.
         free_slots = lat.max_batch - lat.batch
@@ -403,22 +358,28 @@ class Estimator:
         q = lat.queue_tokens
         w = lat.waiting
         q_sq = q * q / np.maximum(w, 1.0)
-        pre_s, chunks = prefill_total_s(isl + q, 1.0 + w, isl * isl + q_sq, co)
+        pre_s, chunks = chunked_prefill_time(
+            co.prefill, co.chunk_tokens, isl + q, 1.0 + w, isl * isl + q_sq
+        )
         pre_s = pre_s + np.where(lat.batch > 0, np.maximum(chunks - 1.0, 0.0), 0.0) * step_s
         ttft = rtt + wait_s + pre_s
         if cfg.include_elapsed and now_s is not None:
             ttft = ttft + np.maximum(now_s - reqs.arrival_s, 0.0)[:, None]
 
-        queued_pre_s, _ = prefill_total_s(q, w, q_sq, co)
-        tpot = (_t_dec(lat.batch + 1.0, lat.kv_tokens + isl, co) + queued_pre_s / osl) * stretch
+        queued_pre_s, _ = chunked_prefill_time(co.prefill, co.chunk_tokens, q, w, q_sq)
+        t_dec = decode_step_time(co.decode, lat.batch + 1.0, lat.kv_tokens + isl)
+        tpot = (t_dec + queued_pre_s / osl) * stretch
 
         # Energy and carbon (real state even when latencies are batch-agnostic).
         own_chunks = np.ceil(isl / co.chunk_tokens)
-        e_pre_var = co.ep_j * isl + co.ea_j * isl * isl
-        e_pre_fix = co.e0_pre_j * own_chunks
-        dec_var = co.ed_j + co.ek_j * (isl + 0.5 * osl)
+        ce = co.energy
+        e_pre_var = ce.prefill_ep_j * isl + ce.prefill_ea_j * isl * isl
+        e_pre_fix = ce.prefill_e0_j * own_chunks
+        dec_var = ce.decode_ed_j + ce.decode_ek_j * (isl + 0.5 * osl)
         idle_frac = np.clip(1.0 - state.batch, 0.0, 1.0)
-        wake_j = idle_frac * np.maximum(co.e0_dec_j - co.idle_w * co.alpha_s[0], 0.0)
+        wake_j = idle_frac * np.maximum(
+            ce.decode_e0_j - co.idle_w * co.decode.alpha_s[0], 0.0
+        )
         energy_fixed = e_pre_fix + osl * wake_j
         energy = e_pre_var + osl * dec_var + energy_fixed
         carbon_per_j = state.pue * state.ci_g_per_kwh / J_PER_KWH
