@@ -19,12 +19,16 @@ Rules / theory of operation
   the measured range, non-negative least squares is used instead.
 * Energy: ``E_pre = e0 + e_p*N + e_a*sum_sq`` and ``E_dec = e0 + e_d*B + e_k*K``, both
   non-negative least squares.
-* The fit returns coefficients and per-phase MAPE; merging into a calibration mapping
-  replaces only the fitted keys and records their provenance. Pure numpy, no I/O.
+* The fit returns coefficients and per-phase MAPE. `PrefillFit` and `DecodeFit` are the
+  calibration's own `PrefillCoeffs` / `DecodeCoeffs` records plus the fit's quality, and
+  their predictions (and MAPE) use the one set of step formulas in
+  `services.datacenter.perfmodel`. Merging into a calibration mapping replaces only the
+  fitted keys (the records' field names) and records their provenance. Pure numpy, no I/O.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +37,9 @@ import numpy as np
 import numpy.typing as npt
 
 from services.calibrate.csvio import Table, read_table
+from services.common.calibration import DecodeCoeffs, PrefillCoeffs
 from services.common.errors import ConfigError, InvalidInput
+from services.datacenter.perfmodel import decode_step_time, prefill_step_time
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -87,37 +93,26 @@ def _weighted(a: FloatArray, y: FloatArray) -> tuple[FloatArray, FloatArray]:
 
 
 @dataclass(frozen=True)
-class PrefillFit:
-    b0_s: float
-    b1_s: float
-    b2_s: float
-    tok_slope_s: float
-    tok_slope_above_s: float
-    knee_tokens: float
+class PrefillFit(PrefillCoeffs[float]):
+    """Fitted prefill coefficients (the calibration's record) and the fit's quality."""
+
     mape_pct: float
     n_rows: int
 
     def predict(self, n: FloatArray, reqs: FloatArray, sum_sq: FloatArray) -> FloatArray:
-        tok = np.where(
-            n <= self.knee_tokens,
-            self.tok_slope_s * n,
-            self.tok_slope_s * self.knee_tokens + self.tok_slope_above_s * (n - self.knee_tokens),
-        )
-        return tok + self.b0_s + self.b1_s * reqs + self.b2_s * sum_sq
+        return prefill_step_time(self, n, reqs, sum_sq)
 
 
 @dataclass(frozen=True)
-class DecodeFit:
-    alpha_s: tuple[float, float, float]
-    beta_s: tuple[float, float, float]
+class DecodeFit(DecodeCoeffs[float]):
+    """Fitted decode coefficients (the calibration's record) and the fit's quality."""
+
     mape_pct: float
     n_rows: int
     method: str
 
     def predict(self, batch: FloatArray, kv: FloatArray) -> FloatArray:
-        ell = kv / batch
-        a, b = self.alpha_s, self.beta_s
-        return (a[0] + b[0] * ell) + (a[1] + b[1] * ell) * batch + (a[2] + b[2] * ell) * batch**2
+        return decode_step_time(self, batch, kv)
 
 
 @dataclass(frozen=True)
@@ -178,17 +173,16 @@ def fit_prefill(
             best = (sse, knee, x)
     assert best is not None
     _, knee, x = best
-    fit = PrefillFit(
+    p = PrefillCoeffs(
         b0_s=float(x[2]),
         b1_s=float(x[3]),
         b2_s=float(x[4]),
         tok_slope_s=float(x[0]),
         tok_slope_above_s=float(x[0] + x[1]),
         knee_tokens=float(knee),
-        mape_pct=0.0,
-        n_rows=len(t),
     )
-    return PrefillFit(**{**fit.__dict__, "mape_pct": mape(fit.predict(n, reqs, ssq), t)})
+    pred = prefill_step_time(p, n, reqs, ssq)
+    return PrefillFit(**dataclasses.asdict(p), mape_pct=mape(pred, t), n_rows=len(t))
 
 
 def _decode_design(batch: FloatArray, kv: FloatArray) -> FloatArray:
@@ -196,10 +190,11 @@ def _decode_design(batch: FloatArray, kv: FloatArray) -> FloatArray:
     return np.column_stack([np.ones_like(batch), batch, batch**2, ell, kv, kv * batch])
 
 
-def _decode_monotone(alpha: FloatArray, beta: FloatArray, b_max: float, l_max: float) -> bool:
+def _decode_monotone(x: FloatArray, b_max: float, l_max: float) -> bool:
+    """Decode coefficients ``x = alpha + beta`` give positive step times that grow with B
+    and with the mean context l over ``1..b_max`` x ``0..l_max``."""
     bb, ll = np.meshgrid(np.arange(1.0, b_max + 1.0), np.linspace(0.0, l_max, 33))
-    t = (alpha[0] + beta[0] * ll) + (alpha[1] + beta[1] * ll) * bb
-    t = t + (alpha[2] + beta[2] * ll) * bb**2
+    t = decode_step_time(_decode_coeffs(x), bb, bb * ll)
     ok_b = bool((np.diff(t, axis=1) >= -1e-12).all())
     ok_l = bool((np.diff(t, axis=0) >= -1e-12).all())
     return ok_b and ok_l and bool((t > 0).all())
@@ -219,17 +214,10 @@ def fit_decode(batch: FloatArray, kv: FloatArray, t: FloatArray) -> DecodeFit:
     x = np.linalg.lstsq(aw / scale, yw, rcond=None)[0] / scale
     method = "weighted least squares"
     b_max, l_max = float(batch.max()), float((kv / batch).max())
-    if not _decode_monotone(x[:3], x[3:], b_max, l_max):
+    if not _decode_monotone(x, b_max, l_max):
         x = nnls(aw / scale, yw) / scale
         method = "non-negative least squares (unconstrained fit was not monotone)"
-    fit = DecodeFit(
-        alpha_s=(float(x[0]), float(x[1]), float(x[2])),
-        beta_s=(float(x[3]), float(x[4]), float(x[5])),
-        mape_pct=0.0,
-        n_rows=len(t),
-        method=method,
-    )
-    return DecodeFit(**{**fit.__dict__, "mape_pct": mape(fit.predict(batch, kv), t)})
+    return _decode_fit(x, batch, kv, t, method)
 
 
 def _fit_decode_reduced(batch: FloatArray, kv: FloatArray, t: FloatArray) -> DecodeFit:
@@ -238,9 +226,23 @@ def _fit_decode_reduced(batch: FloatArray, kv: FloatArray, t: FloatArray) -> Dec
     aw, yw = _weighted(a, t)
     scale = np.maximum(np.abs(aw).max(axis=0), 1e-300)
     x = nnls(aw / scale, yw) / scale
-    fit = DecodeFit((float(x[0]), float(x[1]), 0.0), (0.0, float(x[2]), 0.0), 0.0, len(t),
-                    "reduced model alpha0 + alpha1*B + beta1*K (too few distinct shapes)")
-    return DecodeFit(**{**fit.__dict__, "mape_pct": mape(fit.predict(batch, kv), t)})
+    full = np.array([x[0], x[1], 0.0, 0.0, x[2], 0.0])
+    return _decode_fit(full, batch, kv, t,
+                       "reduced model alpha0 + alpha1*B + beta1*K (too few distinct shapes)")
+
+
+def _decode_coeffs(x: FloatArray) -> DecodeCoeffs[float]:
+    """The decode record of the design's coefficients ``(alpha_0..2, beta_0..2)``."""
+    return DecodeCoeffs(alpha_s=(float(x[0]), float(x[1]), float(x[2])),
+                        beta_s=(float(x[3]), float(x[4]), float(x[5])))
+
+
+def _decode_fit(
+    x: FloatArray, batch: FloatArray, kv: FloatArray, t: FloatArray, method: str
+) -> DecodeFit:
+    d = _decode_coeffs(x)
+    pred = decode_step_time(d, batch, kv)
+    return DecodeFit(d.alpha_s, d.beta_s, mape(pred, t), len(t), method)
 
 
 def fit_energy(x1: FloatArray, x2: FloatArray, e: FloatArray) -> EnergyFit:
@@ -336,19 +338,13 @@ def merge_fit(base: Mapping[str, Any], fit: FitResult, source: str) -> dict[str,
     if fit.prefill:
         p = fit.prefill
         out["prefill"] = {
-            "b0_s": _sig(p.b0_s),
-            "b1_s": _sig(p.b1_s),
-            "b2_s": _sig(p.b2_s),
-            "tok_slope_s": _sig(p.tok_slope_s),
-            "tok_slope_above_s": _sig(p.tok_slope_above_s),
-            "knee_tokens": _sig(p.knee_tokens),
+            f.name: _sig(getattr(p, f.name)) for f in dataclasses.fields(PrefillCoeffs)
         }
         prov["prefill"] = f"fit: {source} ({p.n_rows} steps, MAPE {p.mape_pct:.2f} %)"
     if fit.decode:
         d = fit.decode
         out["decode"] = {
-            "alpha_s": [_sig(v) for v in d.alpha_s],
-            "beta_s": [_sig(v) for v in d.beta_s],
+            f.name: [_sig(v) for v in getattr(d, f.name)] for f in dataclasses.fields(DecodeCoeffs)
         }
         prov["decode"] = f"fit: {source} ({d.n_rows} steps, {d.method}, MAPE {d.mape_pct:.2f} %)"
     if fit.prefill_energy:
