@@ -130,6 +130,8 @@ class SchedulerCore:
         subtracted, so the view errs on the loaded side until the next poll. With
         ``project_peers`` each dispatch counts `projection_scale` times (one per
         regional scheduler)."""
+        from services.scheduler.estimator import project_dispatches
+
         snap = self.snapshot
         if snap is None or not self.spec.project_dispatches or not self._since:
             return snap
@@ -138,16 +140,12 @@ class SchedulerCore:
             n, tok = self._since.get(d.dc, (0.0, 0.0))
             n, tok = n * self.projection_scale, tok * self.projection_scale
             if n:
-                eng = max(d.engines, 1)
-                batch = d.active_batch + n / eng
-                new_batch = min(batch, float(d.max_batch))
-                d = dataclasses.replace(
-                    d,
-                    active_batch=new_batch,
-                    waiting_requests=d.waiting_requests + batch - new_batch,
-                    queue_tokens=d.queue_tokens + tok / eng,
-                    kv_tokens=d.kv_tokens + tok / eng,
+                batch, waiting, queue, kv = project_dispatches(
+                    d.active_batch, d.waiting_requests, d.queue_tokens, d.kv_tokens,
+                    float(d.max_batch), float(d.engines), n, tok,
                 )
+                d = dataclasses.replace(d, active_batch=batch, waiting_requests=waiting,
+                                        queue_tokens=queue, kv_tokens=kv)
             dcs.append(d)
         return dataclasses.replace(snap, dcs=tuple(dcs))
 

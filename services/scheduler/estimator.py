@@ -44,7 +44,9 @@ Rules / theory of operation
 * Feasibility: ``up`` and the DC serves the request's model (empty model = any) and both
   estimates within the request's SLOs. ``capacity_requests[d]`` (H_d) is the number of free
   batch slots in the DC: ``floor(max(0, max_batch - B_d - waiting_d) * engines)``.
-* `DcArrays.project` adds requests "as if already dispatched" (iterative ILP).
+* `DcArrays.project` adds requests "as if already dispatched" (iterative ILP) by
+  `project_dispatches`, the rule by which `SchedulerCore.view` also adds its own dispatches
+  since the last snapshot.
 * The step formulas (t_pre, t_dec) are `services.datacenter.perfmodel`'s, evaluated on
   the calibrations' coefficient records with one numpy column per DC (`Coeffs`).
 """
@@ -68,10 +70,12 @@ from services.common.errors import InvalidInput
 from services.common.state import RequestView, SnapshotView
 from services.datacenter.perfmodel import (
     PerfModel,
+    X,
     chunked_prefill_time,
     columns,
     decode_step_time,
     engine_idle_w,
+    select,
 )
 
 FloatArray = npt.NDArray[np.float64]
@@ -104,6 +108,23 @@ class Coeffs:
     chunk_tokens: FloatArray  # max_num_batched_tokens
     idle_w: FloatArray  # idle power of a whole engine
     kv_capacity_tokens: FloatArray
+
+
+def project_dispatches(
+    batch: X, waiting: X, queue_tokens: X, kv_tokens: X, max_batch: X, engines: X,
+    n_requests: X, isl_tokens: X,
+) -> tuple[X, X, X, X]:
+    """Per-engine (batch, waiting, queue, KV) of a DC after `n_requests` requests with
+    `isl_tokens` prompt tokens in total were dispatched to it, spread over its engines:
+    they join the batch up to `max_batch` (the rest wait), their prompts join the queue
+    and, once admitted, the KV cache. Floats (`SchedulerCore.view`) or per-DC arrays
+    (`DcArrays.project`) alike."""
+    eng = select(engines >= 1.0, engines, 1.0)
+    add = n_requests / eng
+    tok = isl_tokens / eng
+    joined = batch + add
+    new_batch = select(joined <= max_batch, joined, max_batch)
+    return new_batch, waiting + (joined - new_batch), queue_tokens + tok, kv_tokens + tok
 
 
 @dataclass(frozen=True)
@@ -162,18 +183,12 @@ class DcArrays:
         """These DCs after `n_requests[d]` requests with `isl_tokens[d]` prompt tokens in
         total were dispatched to each: they join the batch up to max_batch (the rest wait),
         their prompts join the queue and, once admitted, the KV cache."""
-        eng = np.maximum(self.engines, 1.0)
-        add = np.asarray(n_requests, dtype=np.float64) / eng
-        tok = np.asarray(isl_tokens, dtype=np.float64) / eng
-        new_batch = np.minimum(self.batch + add, self.max_batch)
-        overflow = self.batch + add - new_batch
-        return replace(
-            self,
-            batch=new_batch,
-            waiting=self.waiting + overflow,
-            queue_tokens=self.queue_tokens + tok,
-            kv_tokens=self.kv_tokens + tok,
+        batch, waiting, queue, kv = project_dispatches(
+            self.batch, self.waiting, self.queue_tokens, self.kv_tokens, self.max_batch,
+            self.engines, np.asarray(n_requests, dtype=np.float64),
+            np.asarray(isl_tokens, dtype=np.float64),
         )
+        return replace(self, batch=batch, waiting=waiting, queue_tokens=queue, kv_tokens=kv)
 
     def idle(self) -> DcArrays:
         """The same DCs with empty engines (batch-agnostic estimates, e.g. Green-LLM)."""
