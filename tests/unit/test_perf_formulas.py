@@ -13,12 +13,15 @@ rule. Every expected value below is worked out by hand from the formulas:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 
 from services.calibrate.fit import DecodeFit, PrefillFit
 from services.common.calibration import Calibration
 from services.common.state import DcView, RequestView, SnapshotView
+from services.common.topology import DcSpec, SchedulerSpec
 from services.datacenter.perfmodel import (
     PerfModel,
     decode_energy_arr,
@@ -26,7 +29,9 @@ from services.datacenter.perfmodel import (
     prefill_energy_arr,
     prefill_time_arr,
 )
+from services.scheduler.core import SchedulerCore
 from services.scheduler.estimator import DcArrays, Estimator, project_dispatches
+from services.scheduler.policies.base import Decision, Policy
 
 # (N, B, sum n^2) -> t_pre
 # below the knee: 1e-4*6 + 0.01 + 0.001*2 + 1e-6*20 = 0.01262
@@ -103,10 +108,12 @@ def test_estimator_on_an_idle_engine(tiny_cal: Calibration) -> None:
 
 
 # batch 38 + 12/4 = 41 per engine: 40 in the batch (the limit), 1 more waits;
-# 4000 prompt tokens / 4 engines = 1000 more queued and cached per engine
+# 12 x 300 = 3600 prompt tokens / 4 engines = 900 more queued and cached per engine
 PROJ_IN = dict(batch=38.0, waiting=1.0, queue_tokens=100.0, kv_tokens=1000.0,
-               max_batch=40.0, engines=4.0, n_requests=12.0, isl_tokens=4000.0)
-PROJ_OUT = (40.0, 2.0, 1100.0, 2000.0)
+               max_batch=40.0, engines=4.0, n_requests=12.0, isl_tokens=3600.0)
+PROJ_OUT = (40.0, 2.0, 1000.0, 1900.0)
+BUSY = dict(engines=4, max_batch=40, active_batch=38.0, waiting_requests=1.0,
+            queue_tokens=100.0, kv_tokens=1000.0)
 
 
 def test_projection_rule_on_floats_and_arrays() -> None:
@@ -119,9 +126,35 @@ def test_projection_rule_on_floats_and_arrays() -> None:
 
 
 def test_dc_arrays_project_follows_the_rule() -> None:
-    snap = SnapshotView(seq=1, time_s=0.0, dcs=[
-        _dc(engines=4, max_batch=40, active_batch=38.0, waiting_requests=1.0,
-            queue_tokens=100.0, kv_tokens=1000.0)])
-    p = DcArrays.from_snapshot(snap).project(np.array([12.0]), np.array([4000.0]))
+    snap = SnapshotView(seq=1, time_s=0.0, dcs=[_dc(**BUSY)])
+    p = DcArrays.from_snapshot(snap).project(np.array([12.0]), np.array([3600.0]))
     got = (p.batch[0], p.waiting[0], p.queue_tokens[0], p.kv_tokens[0])
+    assert got == pytest.approx(PROJ_OUT)
+
+
+class AllToD(Policy):
+    """Every request to the first DC (per-request policy)."""
+
+    name = "all-to-d"
+
+    def decide(self, requests: Sequence[RequestView], snapshot: SnapshotView, region: str,
+               now_s: float) -> Decision:
+        return self.build([d.dc for d in snapshot.dcs], np.zeros(len(requests), np.int64),
+                          [""] * len(requests), "heuristic")
+
+
+def test_scheduler_view_follows_the_rule() -> None:
+    spec = DcSpec(name="d", region="eu", zone="", nodes=1, gpus_per_node=4, setup="tiny",
+                  pue=1.0, ci={"constant": 100})
+    core = SchedulerCore("eu", SchedulerSpec(policy="all-to-d", project_peers=False), [spec],
+                         AllToD())
+    core.on_snapshot(SnapshotView(seq=1, time_s=0.0, dcs=[_dc(**BUSY)]), now=0.0)
+    for i in range(12):
+        core.submit(RequestView(id=f"q{i}", model="", isl_tokens=300, osl_tokens=10,
+                                origin_region="eu", ttft_slo_s=3.0, tpot_slo_s=0.1,
+                                arrival_s=0.0), now=0.01)
+    view = core.view()
+    assert view is not None
+    d = view.dcs[0]
+    got = (d.active_batch, d.waiting_requests, d.queue_tokens, d.kv_tokens)
     assert got == pytest.approx(PROJ_OUT)
