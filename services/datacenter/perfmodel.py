@@ -70,17 +70,28 @@ def prefill_step_time(
 
 
 def _decode_time(d: DecodeCoeffs[Any], b: X, kv_tokens: X | float) -> X:
+    """t_dec of a busy step (B > 0)."""
     ctx = kv_tokens / b
     a, be = d.alpha_s, d.beta_s
     return (a[0] + be[0] * ctx) + (a[1] + be[1] * ctx) * b + (a[2] + be[2] * ctx) * b * b
 
 
-def decode_step_time(d: DecodeCoeffs[Any], batch: X, kv_tokens: X | float) -> X:
-    """t_dec = a0 + a1*B + a2*B^2 with a_j = alpha_j + beta_j*(K/B); 0 for an empty batch."""
+def _decode_energy(e: EnergyCoeffs[Any], batch: X, kv_tokens: X | float) -> X:
+    """E_dec of a busy step (B > 0)."""
+    return e.decode_e0_j + e.decode_ed_j * batch + e.decode_ek_j * kv_tokens
+
+
+def _busy(f: Any, c: Any, batch: X, kv_tokens: X | float) -> X:
+    """``f(c, B, K)`` for busy steps, 0 where the batch is empty (B <= 0)."""
     if isinstance(batch, _ndarray):
         busy = batch > 0
-        return np.where(busy, _decode_time(d, np.where(busy, batch, 1.0), kv_tokens), 0.0)
-    return _decode_time(d, batch, kv_tokens) if batch > 0 else 0.0
+        return np.where(busy, f(c, np.where(busy, batch, 1.0), kv_tokens), 0.0)
+    return f(c, batch, kv_tokens) if batch > 0 else 0.0
+
+
+def decode_step_time(d: DecodeCoeffs[Any], batch: X, kv_tokens: X | float) -> X:
+    """t_dec = a0 + a1*B + a2*B^2 with a_j = alpha_j + beta_j*(K/B); 0 for an empty batch."""
+    return _busy(_decode_time, d, batch, kv_tokens)
 
 
 def prefill_step_energy(e: EnergyCoeffs[Any], n_tokens: X, sum_sq: X | float) -> X:
@@ -90,10 +101,7 @@ def prefill_step_energy(e: EnergyCoeffs[Any], n_tokens: X, sum_sq: X | float) ->
 
 def decode_step_energy(e: EnergyCoeffs[Any], batch: X, kv_tokens: X | float) -> X:
     """E_dec = e0 + e_d*B + e_k*K (whole engine, J); 0 for an empty batch."""
-    j = e.decode_e0_j + e.decode_ed_j * batch + e.decode_ek_j * kv_tokens
-    if isinstance(batch, _ndarray):
-        return np.where(batch > 0, j, 0.0)
-    return j if batch > 0 else 0.0
+    return _busy(_decode_energy, e, batch, kv_tokens)
 
 
 def chunked_prefill_time(
@@ -173,11 +181,17 @@ class PerfModel:
     def prefill_energy(self, n_tokens: float, sum_sq: float) -> float:
         return prefill_step_energy(self._e, n_tokens, sum_sq) * self.prefill_energy_factor
 
+    # Decode steps are most of the engine's hot path: the scalar methods test for an empty
+    # batch themselves and call the busy-step formulas without the scalar/array test.
     def decode_time(self, batch: float, kv_tokens: float) -> float:
-        return decode_step_time(self._d, batch, kv_tokens) * self.decode_time_factor
+        if batch <= 0:
+            return 0.0
+        return _decode_time(self._d, batch, kv_tokens) * self.decode_time_factor
 
     def decode_energy(self, batch: float, kv_tokens: float) -> float:
-        return decode_step_energy(self._e, batch, kv_tokens) * self.decode_energy_factor
+        if batch <= 0:
+            return 0.0
+        return _decode_energy(self._e, batch, kv_tokens) * self.decode_energy_factor
 
     @property
     def idle_w(self) -> float:
