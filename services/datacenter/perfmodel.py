@@ -11,9 +11,11 @@ Rules
       E_dec = e0 + e_d*B + e_k*K                                        (0 for B = 0)
 
   Each is written once (`prefill_step_time`, `decode_step_time`, `prefill_step_energy`,
-  `decode_step_energy`) over a coefficient record of `services.common.calibration` and
-  step shapes that may be Python floats or numpy arrays (broadcasting; `select` is the
-  one branch). The engine (`PerfModel`, plain float math on its hot path), the ``*_arr``
+  `decode_step_energy`, and `chunked_prefill_time` built on t_pre) over a coefficient
+  record of `services.common.calibration` and step shapes that may be Python floats or
+  numpy arrays (broadcasting). Where a formula branches (the knee, an empty batch) it
+  tests for an array and uses `numpy.where`, else a plain conditional, so one step costs
+  no numpy call. The engine (`PerfModel`, plain float math on its hot path), the ``*_arr``
   helpers, the scheduler's estimator (coefficient records of per-DC columns, `columns`)
   and the calibration fit all evaluate these functions.
 * Step shapes: prefill (total tokens N, requests B, sum n_i^2), decode (batch B, cached
@@ -50,7 +52,7 @@ _ndarray = np.ndarray  # bound once: the scalar/array test is on the hot path
 def select(cond: Any, a: X, b: X | float) -> X:
     """``a`` where `cond` holds, else ``b``: `numpy.where` for arrays, a plain
     conditional for a Python bool (no numpy on the scalar path). The step formulas below
-    inline this test: they are the engine's hot path."""
+    make this test inline: they are the engine's hot path."""
     if isinstance(cond, _ndarray):
         return np.where(cond, a, b)  # type: ignore[return-value]
     return a if cond else b  # type: ignore[return-value]
