@@ -198,7 +198,7 @@ class PerfModel:
     @property
     def idle_w(self) -> float:
         """Idle power of the whole engine (all its TP GPUs)."""
-        return float(engine_idle_w(self._e, self.cal.tp))
+        return engine_idle_w(self._e, self.cal.tp)
 
 
 # --- array helpers at the maximum frequency --------------------------------------------
