@@ -26,8 +26,8 @@ from services.common.calibration import load_calibration  # noqa: E402
 from services.common.carbon import ConstantCI  # noqa: E402
 from services.common.vclock import VirtualClock  # noqa: E402
 from services.datacenter.dc import Datacenter, DcConfig  # noqa: E402
-from services.datacenter.engine import EngineRequest  # noqa: E402
-from services.datacenter.vdriver import VirtualDcRuntime  # noqa: E402
+from services.datacenter.driver import DcDriver  # noqa: E402
+from services.datacenter.engine import EngineRequest, Finished  # noqa: E402
 
 SETUP = "a100-40gb/llama-3.1-8b-tp1"
 
@@ -44,19 +44,18 @@ def run_virtual(rate: float, duration: float, seed: int = 1) -> dict[str, float]
     dc = Datacenter(DcConfig("bench", nodes=4, gpus_per_node=8), cal, ConstantCI(300.0))
     done = 0
 
-    def on_event(idx, ev):
+    def on_events(idx, events):
         nonlocal done
-        if ev.finished is not None:
-            done += 1
+        done += sum(isinstance(ev, Finished) for ev in events)
 
-    rt = VirtualDcRuntime(dc, clock, on_event)
+    rt = DcDriver(dc, clock, on_events)
     rng = np.random.default_rng(seed)
     n = int(rate * duration)
     t = np.cumsum(rng.exponential(1 / rate, n))
     isl, osl = lengths(rng, n)
     for i in range(n):
         clock.call_at(float(t[i]), lambda i=i: rt.submit(
-            EngineRequest(str(i), int(isl[i]), int(osl[i]), 0.0), cal.model))
+            EngineRequest(str(i), int(isl[i]), int(osl[i]), clock.now()), cal.model))
     c0 = time.process_time()
     clock.run(until=duration)
     cpu = time.process_time() - c0

@@ -57,11 +57,6 @@ from services.datacenter.perfmodel import PerfModel
 PREFILL = "prefill"
 DECODE = "decode"
 
-# Event kinds
-ADMITTED = "admitted"
-FIRST_TOKEN = "first_token"
-FINISHED = "finished"
-PREEMPTED = "preempted"
 
 
 @dataclass
@@ -121,12 +116,25 @@ class FinishedRequest:
 
 
 @dataclass(frozen=True)
-class EngineEvent:
-    kind: str
+class FirstToken:
+    """A request produced its first output token at `time_s`."""
+
     request_id: str
     time_s: float
     payload: Any = None
-    finished: FinishedRequest | None = None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A request produced its last token at `time_s` and left the engine."""
+
+    request_id: str
+    time_s: float
+    payload: Any
+    finished: FinishedRequest
+
+
+EngineEvent = FirstToken | Finished
 
 
 @dataclass(frozen=True)
@@ -247,6 +255,14 @@ class Engine:
 
     # ------------------------------------------------------------------ stepping
     @property
+    def now_s(self) -> float:
+        """The engine's own time: the end of its last step (or its start)."""
+        return self._now
+
+    def oldest_waiting_arrival_s(self) -> float | None:
+        return self.waiting[0].arrival_s if self.waiting else None
+
+    @property
     def busy(self) -> bool:
         """True while a planned step has not been completed."""
         return self._work is not None
@@ -343,7 +359,7 @@ class Engine:
         self._kv_tokens += 1
         if math.isnan(req.first_token_s):
             req.first_token_s = now
-            events.append(EngineEvent(FIRST_TOKEN, req.id, now, req.payload))
+            events.append(FirstToken(req.id, now, req.payload))
         if req.generated >= req.osl_tokens:
             self._retire(req)
             self._book_share(req)
@@ -359,7 +375,7 @@ class Engine:
                 preemptions=req.preemptions,
                 energy_j=req.energy_j,
             )
-            events.append(EngineEvent(FINISHED, req.id, now, req.payload, fin))
+            events.append(Finished(req.id, now, req.payload, fin))
 
     def _retire(self, req: EngineRequest) -> None:
         self.running.remove(req)

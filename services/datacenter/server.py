@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -26,7 +26,8 @@ from services.common.grpcutil import install_signal_handlers, set_not_serving, s
 from services.common.metrics import DcMetrics
 from services.datacenter.convert import counters_to_proto, failed_record, finished_record
 from services.datacenter.dc import Datacenter
-from services.datacenter.engine import FINISHED, FIRST_TOKEN, EngineEvent, EngineRequest
+from services.datacenter.driver import DcDriver
+from services.datacenter.engine import EngineEvent, EngineRequest, FirstToken
 
 log = logging.getLogger("geoserve.datacenter")
 
@@ -53,21 +54,17 @@ class WallDcRuntime:
         self.dc = dc
         self.clock = clock
         self.resync_s = resync_s
-        self._wake = [asyncio.Event() for _ in dc.engines]
-        self._tasks: list[asyncio.Task[None]] = []
+        self.driver = DcDriver(dc, clock, self._dispatch, resync_s)
         self.records: deque[pb.RequestRecord] = deque(maxlen=100_000)
         self.stopped = False
         self.on_completed: Callable[[pb.RequestRecord], None] | None = None  # metrics hook
 
     def start(self) -> None:
-        for i in range(len(self.dc.engines)):
-            self._tasks.append(asyncio.create_task(self._engine_loop(i), name=f"engine-{i}"))
+        """Engines step through the shared `DcDriver` (timers on the running loop)."""
 
     async def stop(self) -> None:
         self.stopped = True
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.driver.stop()
 
     # ---------------------------------------------------------------- submission
     def submit(self, request: pb.Request, sink: Sink | None) -> tuple[int, float]:
@@ -90,9 +87,8 @@ class WallDcRuntime:
             arrival_s=arrival,
             payload=ticket,
         )
-        idx = self.dc.submit(ereq, request.model, arrival)
+        idx = self.driver.submit(ereq, request.model)
         ticket.engine = self.dc.engines[idx].name
-        self._wake[idx].set()
         return idx, now
 
     def reject(self, request: pb.Request, exc: GeoServeError, sink: Sink | None) -> None:
@@ -118,45 +114,18 @@ class WallDcRuntime:
             )
 
     # ---------------------------------------------------------------- engines
-    async def _engine_loop(self, idx: int) -> None:
-        eng = self.dc.engines[idx]
-        wake = self._wake[idx]
-        t = self.clock.now()
-        while not self.stopped:
-            plan = eng.next_step(max(t, eng._now))
-            if plan is None:
-                if eng.waiting:  # arrivals after t: plan again from the actual time
-                    t = self.clock.now()
-                    continue
-                wake.clear()
-                await wake.wait()
-                t = self.clock.now()
-                if eng.waiting:  # start from the (transport-compensated) arrival
-                    t = min(t, eng.waiting[0].arrival_s)
-                continue
-            lateness = await self.clock.sleep_until(plan.end_s)
-            self.dc.lateness.add(max(lateness, 0.0))
-            events = eng.complete_step(plan.end_s)
-            self._dispatch(idx, events)
-            if lateness > self.resync_s:
-                self.dc.lateness.resyncs += 1
-                t = self.clock.now()
-            else:
-                t = plan.end_s
-
-    def _dispatch(self, idx: int, events: list[EngineEvent]) -> None:
+    def _dispatch(self, idx: int, events: Sequence[EngineEvent]) -> None:
         name = self.dc.config.name
         for ev in events:
             ticket: _Ticket = ev.payload
-            if ev.kind == FIRST_TOKEN:
+            if isinstance(ev, FirstToken):
                 if ticket.sink is not None:
                     ticket.sink(
                         pb.RequestEvent(
                             kind=pb.FIRST_TOKEN, request_id=ev.request_id, time_s=ev.time_s, dc=name
                         )
                     )
-            elif ev.kind == FINISHED and ev.finished is not None:
-                self.dc.completed += 1
+            else:
                 rec = finished_record(ticket.request, ev.finished, name, ticket.engine)
                 if self.on_completed is not None:
                     self.on_completed(rec)

@@ -1,65 +1,25 @@
-"""Virtual-clock drivers of the datacenter core: the same engines, no sleeping.
+"""Replays of a fixed request log through engines on a virtual clock.
 
-`VirtualDcRuntime` runs a `Datacenter` on a shared `VirtualClock` (the virtual runtime of
-the whole topology uses one clock for every component). `replay` runs a fixed request log
-through engines with every decision fixed (paper 1 §V-B), for calibration checks.
+`replay` runs a log through engines with every decision fixed (paper 1 §V-B), for
+calibration checks, with the same `EngineDriver` that steps the runtimes' engines.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.common.calibration import Calibration
 from services.common.vclock import VirtualClock
-from services.datacenter.dc import Datacenter
+from services.datacenter.driver import EngineDriver
 from services.datacenter.engine import (
-    FINISHED,
     Engine,
     EngineConfig,
     EngineEvent,
     EngineRequest,
+    Finished,
     FinishedRequest,
 )
-
-EventSink = Callable[[int, EngineEvent], None]
-
-
-class VirtualDcRuntime:
-    """Drives every engine of a DC on a virtual clock; events go to `on_event`."""
-
-    def __init__(self, dc: Datacenter, clock: VirtualClock, on_event: EventSink) -> None:
-        self.dc = dc
-        self.clock = clock
-        self.on_event = on_event
-
-    def submit(self, req: EngineRequest, model: str = "") -> int:
-        """Submit at the clock's now (raises InvalidInput / CapacityExceeded / Unavailable)."""
-        req.arrival_s = self.clock.now()
-        idx = self.dc.submit(req, model, self.clock.now())
-        self._kick(idx)
-        return idx
-
-    def _kick(self, idx: int) -> None:
-        eng = self.dc.engines[idx]
-        if eng.busy:
-            return
-        plan = eng.next_step(self.clock.now())
-        if plan is not None:
-            self.clock.call_at(plan.end_s, self._complete, idx)
-
-    def _complete(self, idx: int) -> None:
-        eng = self.dc.engines[idx]
-        events = eng.complete_step(self.clock.now())
-        for ev in events:
-            if ev.kind == FINISHED:
-                self.dc.completed += 1
-            self.on_event(idx, ev)
-        self._kick(idx)
-
-    def crash(self) -> list[tuple[int, EngineRequest]]:
-        """Lose every request in flight (a killed DC process)."""
-        return self.dc.fail_all(self.clock.now())
 
 
 @dataclass(frozen=True)
@@ -102,25 +62,19 @@ def replay(
             e.perf.set_frequency(frequency_mhz)
     done: dict[str, FinishedRequest] = {}
 
-    def kick(i: int) -> None:
-        eng = engines[i]
-        if not eng.busy:
-            plan = eng.next_step(clock.now())
-            if plan is not None:
-                clock.call_at(plan.end_s, complete, i)
-
-    def complete(i: int) -> None:
-        for ev in engines[i].complete_step(clock.now()):
-            if ev.finished is not None:
+    def collect(i: int, events: Sequence[EngineEvent]) -> None:
+        for ev in events:
+            if isinstance(ev, Finished):
                 done[ev.request_id] = ev.finished
-        kick(i)
+
+    driver = EngineDriver(engines, clock, collect)
 
     def arrive(k: int) -> None:
         it = items[k]
         engines[it.engine].enqueue(
             EngineRequest(str(k), it.isl_tokens, it.osl_tokens, clock.now()), clock.now()
         )
-        kick(it.engine)
+        driver.kick(it.engine)
 
     for k, it in enumerate(items):
         if not 0 <= it.engine < n_engines:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,14 +46,13 @@ from services.common.topology import Topology, build_datacenter
 from services.common.vclock import VirtualClock
 from services.datacenter.convert import counters_to_proto
 from services.datacenter.dc import Datacenter
+from services.datacenter.driver import DcDriver
 from services.datacenter.engine import (
-    FINISHED,
-    FIRST_TOKEN,
     EngineEvent,
     EngineRequest,
     FinishedRequest,
+    FirstToken,
 )
-from services.datacenter.vdriver import VirtualDcRuntime
 from services.loadgen.plan import PlannedRequest, plan_requests
 from services.loadgen.records import COMPLETED, FAILED, REJECTED, RecordRow
 from services.loadgen.summary import (
@@ -162,11 +161,11 @@ class SimRun:
         self.drain_limit_s = drain_limit_s
         self.progress = progress
         self.dcs: dict[str, Datacenter] = {}
-        self.drivers: dict[str, VirtualDcRuntime] = {}
+        self.drivers: dict[str, DcDriver] = {}
         for spec in topo.dcs:
             dc = build_datacenter(topo, spec.name, 0.0)
             self.dcs[spec.name] = dc
-            self.drivers[spec.name] = VirtualDcRuntime(dc, self.clock, self._dc_sink(spec.name))
+            self.drivers[spec.name] = DcDriver(dc, self.clock, self._dc_sink(spec.name))
         policy_clock = time.perf_counter if charge_solver_time else zero_clock
         self.schedulers: dict[str, SchedulerCore] = {}
         self.sched: dict[str, SchedulerDriver] = {}
@@ -270,15 +269,16 @@ class SimRun:
         row.engine = self.dcs[dc].engines[idx].name
 
     # ---------------------------------------------------------------- datacenters
-    def _dc_sink(self, dc: str) -> Callable[[int, EngineEvent], None]:
-        def sink(idx: int, ev: EngineEvent) -> None:
-            row = self.reqs[ev.request_id].row
-            drv = self.sched[row.origin_region]
-            if ev.kind == FIRST_TOKEN:
-                row.first_token_s = ev.time_s
-                drv.deliver(ev.request_id, ev.time_s, drv.first_token, ev.request_id)
-            elif ev.kind == FINISHED and ev.finished is not None:
-                drv.deliver(ev.request_id, ev.time_s, self._completed, dc, ev.finished)
+    def _dc_sink(self, dc: str) -> Callable[[int, Sequence[EngineEvent]], None]:
+        def sink(idx: int, events: Sequence[EngineEvent]) -> None:
+            for ev in events:
+                row = self.reqs[ev.request_id].row
+                drv = self.sched[row.origin_region]
+                if isinstance(ev, FirstToken):
+                    row.first_token_s = ev.time_s
+                    drv.deliver(ev.request_id, ev.time_s, drv.first_token, ev.request_id)
+                else:
+                    drv.deliver(ev.request_id, ev.time_s, self._completed, dc, ev.finished)
 
         return sink
 

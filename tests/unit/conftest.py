@@ -20,12 +20,12 @@ import pytest
 from services.common.calibration import Calibration, load_calibration, parse_calibration
 from services.datacenter.engine import (
     DECODE,
-    FINISHED,
-    FIRST_TOKEN,
     PREFILL,
     Engine,
     EngineRequest,
+    Finished,
     FinishedRequest,
+    FirstToken,
     StepPlan,
 )
 
@@ -238,10 +238,10 @@ def run_engine(
             plan = None
             for ev in events:
                 assert ev.time_s == now
-                if ev.kind == FIRST_TOKEN:
+                if isinstance(ev, FirstToken):
                     assert ev.request_id not in rec.first_token_s, "second first token"
                     rec.first_token_s[ev.request_id] = now
-                elif ev.kind == FINISHED:
+                elif isinstance(ev, Finished):
                     assert ev.finished is not None
                     assert ev.request_id not in rec.finished, "request finished twice"
                     rec.finished[ev.request_id] = ev.finished

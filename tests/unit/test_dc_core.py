@@ -19,8 +19,8 @@ from services.common.carbon import ConstantCI
 from services.common.errors import InvalidInput, Unavailable
 from services.common.vclock import VirtualClock
 from services.datacenter.dc import Datacenter, DcConfig
-from services.datacenter.engine import FINISHED, EngineRequest
-from services.datacenter.vdriver import VirtualDcRuntime
+from services.datacenter.driver import DcDriver
+from services.datacenter.engine import EngineRequest, Finished
 
 J_PER_KWH = 3.6e6
 
@@ -166,8 +166,8 @@ def test_idle_dc_energy_and_carbon_fixed_ci(llama_cal) -> None:
 
 
 class DcRun:
-    """Drives a DC on a virtual clock through `VirtualDcRuntime`, tracking for each engine
-    the time its pipeline was empty (from the submissions and FINISHED events it sees)."""
+    """Drives a DC on a virtual clock through `DcDriver`, tracking for each engine
+    the time its pipeline was empty (from the submissions and Finished events it sees)."""
 
     def __init__(self, dc: Datacenter) -> None:
         self.dc = dc
@@ -175,16 +175,17 @@ class DcRun:
         self.finished: list = []
         self.empty_since: list[float | None] = [dc.start_s] * len(dc.engines)
         self.empty_s = [0.0] * len(dc.engines)
-        self.rt = VirtualDcRuntime(dc, self.clock, self._on_event)
+        self.rt = DcDriver(dc, self.clock, self._on_events)
 
-    def _on_event(self, idx: int, ev) -> None:
-        if ev.kind == FINISHED:
-            self.finished.append(ev)
-            if not self.dc.engines[idx].has_work:
-                self.empty_since[idx] = self.clock.now()
+    def _on_events(self, idx: int, events) -> None:
+        for ev in events:
+            if isinstance(ev, Finished):
+                self.finished.append(ev)
+                if not self.dc.engines[idx].has_work:
+                    self.empty_since[idx] = self.clock.now()
 
     def _submit(self, rid: str, isl: int, osl: int) -> None:
-        idx = self.rt.submit(EngineRequest(rid, isl, osl, 0.0))
+        idx = self.rt.submit(EngineRequest(rid, isl, osl, self.clock.now()))
         since = self.empty_since[idx]
         if since is not None:
             self.empty_s[idx] += self.clock.now() - since

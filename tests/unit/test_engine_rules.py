@@ -16,12 +16,12 @@ from services.common.calibration import Calibration
 from services.common.errors import CapacityExceeded, InvalidInput, UsageError
 from services.datacenter.engine import (
     DECODE,
-    FINISHED,
-    FIRST_TOKEN,
     PREFILL,
     Engine,
     EngineConfig,
     EngineRequest,
+    Finished,
+    FirstToken,
 )
 from services.datacenter.perfmodel import PerfModel
 from services.datacenter.vdriver import ReplayItem, replay
@@ -100,7 +100,8 @@ def test_single_request_alone_timeline(request, cal_name, isl, osl) -> None:
     assert plan.energy_j == pytest.approx(e_pre(cal, [isl]), rel=REL)
     events = eng.complete_step(plan.end_s)
     ttft = t_pre(cal, [isl])
-    assert events[0].kind == FIRST_TOKEN and events[0].time_s == pytest.approx(t0 + ttft, rel=REL)
+    assert isinstance(events[0], FirstToken)
+    assert events[0].time_s == pytest.approx(t0 + ttft, rel=REL)
 
     expected_end = t0 + ttft
     expected_energy = e_pre(cal, [isl])
@@ -115,7 +116,7 @@ def test_single_request_alone_timeline(request, cal_name, isl, osl) -> None:
         expected_energy += e_dec(cal, 1, isl + k)
         now = plan.end_s
         events = eng.complete_step(now)
-    fin = [e for e in events if e.kind == FINISHED]
+    fin = [e for e in events if isinstance(e, Finished)]
     assert len(fin) == 1 and fin[0].finished is not None
     f = fin[0].finished
     assert f.ttft_s == pytest.approx(ttft, rel=REL)
@@ -171,17 +172,17 @@ def test_prefill_budget_is_shared_fifo_and_stalls_decode(tiny_cal) -> None:
     assert p1.kind == PREFILL and p1.n_tokens == 16 and p1.n_requests == 2
     assert p1.duration_s == pytest.approx(t_pre(tiny_cal, [10, 6]), rel=REL)
     ev1 = eng.complete_step(p1.end_s)
-    assert [(e.kind, e.request_id) for e in ev1] == [(FIRST_TOKEN, "A")]
+    assert [(type(e), e.request_id) for e in ev1] == [(FirstToken, "A")]
     p2 = eng.next_step(p1.end_s)
     assert p2.kind == PREFILL and p2.n_tokens == 4 and p2.n_requests == 1  # A does not decode
     assert p2.duration_s == pytest.approx(t_pre(tiny_cal, [4]), rel=REL)
     ev2 = eng.complete_step(p2.end_s)
-    assert [(e.kind, e.request_id) for e in ev2] == [(FIRST_TOKEN, "B")]
+    assert [(type(e), e.request_id) for e in ev2] == [(FirstToken, "B")]
     p3 = eng.next_step(p2.end_s)
     assert p3.kind == DECODE and p3.n_requests == 2 and p3.kv_tokens == 22
     assert p3.duration_s == pytest.approx(t_dec(tiny_cal, 2, 22), rel=REL)
     ev3 = eng.complete_step(p3.end_s)
-    done = {e.request_id: e.finished for e in ev3 if e.kind == FINISHED}
+    done = {e.request_id: e.finished for e in ev3 if isinstance(e, Finished)}
     t1 = t_pre(tiny_cal, [10, 6])
     t2 = t1 + t_pre(tiny_cal, [4])
     t3 = t2 + t_dec(tiny_cal, 2, 22)
@@ -327,9 +328,9 @@ def test_preemption_when_kv_runs_out(tiny_cal) -> None:
                     reprefill_tokens.setdefault(r.id, set()).add(r.prefill_target)
         now = plan.end_s
         for ev in eng.complete_step(now):
-            if ev.kind == FIRST_TOKEN:
+            if isinstance(ev, FirstToken):
                 first_tokens.setdefault(ev.request_id, []).append(now)
-            if ev.kind == FINISHED:
+            if isinstance(ev, Finished):
                 finished[ev.request_id] = ev.finished
         check_engine_invariants(eng)
     assert preempted, "KV never ran out"
@@ -463,7 +464,7 @@ def test_waiting_request_not_stranded_after_prefill_retires_the_batch(llama_cal)
     p = eng.next_step(0.0)
     eng.enqueue(EngineRequest("b", 100, 5, 0.001), 0.001)      # arrives during a's prefill
     events = eng.complete_step(p.end_s)
-    assert [e.kind for e in events] == [FIRST_TOKEN, FINISHED]
+    assert [type(e) for e in events] == [FirstToken, Finished]
     # "None with requests still waiting means they all arrived after `now`" - b arrived
     # at 0.001 < p.end_s, so the engine must plan b's prefill now.
     nxt = eng.next_step(p.end_s)
