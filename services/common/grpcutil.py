@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import grpc
@@ -155,3 +156,58 @@ def parse_addr_map(text: str, field: str) -> dict[str, str]:
             raise InvalidInput(field, f"{name!r} given twice")
         out[name] = addr
     return out
+
+
+async def serve_event_stream(
+    request_iterator: AsyncIterator[Any],
+    intake: Callable[[Any, Callable[[Any], None]], Any],
+    is_final: Callable[[Any], bool],
+    request_id: Callable[[Any], str],
+) -> AsyncIterator[Any]:
+    """Serve a stream of requests that answers with a stream of events (the scheduler's
+    `Submit`/`Forward`, the DC's `SubmitStream`).
+
+    Each incoming message goes to ``intake(msg, sink)``: it returns an event that refuses
+    the message (sent at once; nothing stays pending) or anything else to accept it, in
+    which case its events come later through `sink`. The stream ends once the client has
+    half-closed and every accepted request has had its final event (`is_final`; events
+    name their request in ``request_id``, messages through `request_id(msg)`). Pending
+    requests are counted per id, so a refused duplicate never ends the wait for the
+    original."""
+    out: asyncio.Queue[tuple[bool, Any] | None] = asyncio.Queue()
+    pending: Counter[str] = Counter()
+    reading_done = False
+
+    def sink(ev: Any) -> None:
+        out.put_nowait((False, ev))
+
+    async def reader() -> None:
+        nonlocal reading_done
+        async for msg in request_iterator:
+            rid = request_id(msg)
+            pending[rid] += 1
+            refusal = intake(msg, sink)
+            if refusal is not None and not isinstance(refusal, bool):
+                pending[rid] -= 1
+                out.put_nowait((True, refusal))
+        reading_done = True
+        out.put_nowait(None)
+
+    def settled() -> bool:
+        return reading_done and not +pending and out.empty()
+
+    task = asyncio.create_task(reader())
+    try:
+        while True:
+            item = await out.get()
+            if item is not None:
+                refused, ev = item
+                if not refused and is_final(ev):
+                    rid = ev.request_id
+                    if pending[rid] > 0:
+                        pending[rid] -= 1
+                yield ev
+            if settled():
+                break
+    finally:
+        task.cancel()

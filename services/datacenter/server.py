@@ -22,7 +22,12 @@ from geoserve.v1 import datacenter_pb2_grpc as dgrpc
 
 from services.common.clock import WallClock
 from services.common.errors import GeoServeError, InvalidInput
-from services.common.grpcutil import install_signal_handlers, set_not_serving, start_server
+from services.common.grpcutil import (
+    install_signal_handlers,
+    serve_event_stream,
+    set_not_serving,
+    start_server,
+)
 from services.common.metrics import DcMetrics
 from services.datacenter.convert import counters_to_proto, failed_record, finished_record
 from services.datacenter.dc import Datacenter
@@ -93,25 +98,24 @@ class WallDcRuntime:
 
     def reject(self, request: pb.Request, exc: GeoServeError, sink: Sink | None) -> None:
         """Record a refused request and deliver its REJECTED record."""
+        ev = self.rejection(request, exc)
+        if sink is not None:
+            sink(ev)
+
+    def rejection(self, request: pb.Request, exc: GeoServeError) -> pb.RequestEvent:
+        """Record a refused request; returns its REJECTED event."""
         now = self.clock.now()
         self.dc.rejected += 1
         rec = failed_record(
             request, pb.REJECTED, str(exc), exc.status_code, self.dc.config.name, now
         )
-        self._deliver(rec, sink, now)
+        self.records.append(rec)
+        return _finished_event(rec, now, self.dc.config.name)
 
     def _deliver(self, rec: pb.RequestRecord, sink: Sink | None, now: float) -> None:
         self.records.append(rec)
         if sink is not None:
-            sink(
-                pb.RequestEvent(
-                    kind=pb.FINISHED,
-                    request_id=rec.request.id,
-                    time_s=now,
-                    record=rec,
-                    dc=self.dc.config.name,
-                )
-            )
+            sink(_finished_event(rec, now, self.dc.config.name))
 
     # ---------------------------------------------------------------- engines
     def _dispatch(self, idx: int, events: Sequence[EngineEvent]) -> None:
@@ -145,6 +149,11 @@ class WallDcRuntime:
         return len(dropped)
 
 
+def _finished_event(rec: pb.RequestRecord, now: float, dc: str) -> pb.RequestEvent:
+    return pb.RequestEvent(kind=pb.FINISHED, request_id=rec.request.id, time_s=now,
+                           record=rec, dc=dc)
+
+
 def _check_request(r: pb.Request) -> None:
     if not r.id:
         raise InvalidInput("request.id", "must be a non-empty string")
@@ -161,40 +170,20 @@ class DatacenterService(dgrpc.DatacenterServicer):
     async def SubmitStream(  # noqa: N802 (gRPC method name)
         self, request_iterator: AsyncIterator[dpb.SubmitRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.RequestEvent]:
-        out: asyncio.Queue[pb.RequestEvent | None] = asyncio.Queue()
-        sink = out.put_nowait
-        pending = 0
-        reading_done = False
+        def intake(msg: dpb.SubmitRequest, sink: Sink) -> pb.RequestEvent | None:
+            req = msg.request
+            try:
+                _, now = self.rt.submit(req, sink)
+            except GeoServeError as exc:
+                return self.rt.rejection(req, exc)
+            sink(pb.RequestEvent(kind=pb.ACCEPTED, request_id=req.id, time_s=now,
+                                 dc=self.rt.dc.config.name))
+            return None
 
-        async def reader() -> None:
-            nonlocal pending, reading_done
-            async for msg in request_iterator:
-                req = msg.request
-                try:
-                    _, now = self.rt.submit(req, sink)
-                    pending += 1
-                    sink(pb.RequestEvent(kind=pb.ACCEPTED, request_id=req.id, time_s=now,
-                                         dc=self.rt.dc.config.name))
-                except GeoServeError as exc:
-                    self.rt.reject(req, exc, sink)
-            reading_done = True
-            out.put_nowait(None)
-
-        task = asyncio.create_task(reader())
-        try:
-            while True:
-                ev = await out.get()
-                if ev is None:
-                    if reading_done and pending == 0:
-                        break
-                    continue
-                if ev.kind == pb.FINISHED and ev.record.state != pb.REJECTED:
-                    pending -= 1
-                yield ev
-                if reading_done and pending == 0 and out.empty():
-                    break
-        finally:
-            task.cancel()
+        async for ev in serve_event_stream(request_iterator, intake,
+                                           lambda e: e.kind == pb.FINISHED,
+                                           lambda m: str(m.request.id)):
+            yield ev
 
     async def Submit(  # noqa: N802
         self, request: dpb.SubmitRequest, context: grpc.aio.ServicerContext

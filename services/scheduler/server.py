@@ -35,6 +35,7 @@ from services.common.clock import WallClock
 from services.common.grpcutil import (
     CHANNEL_OPTIONS,
     install_signal_handlers,
+    serve_event_stream,
     set_not_serving,
     start_server,
 )
@@ -155,13 +156,13 @@ class SchedulerRuntime:
             await asyncio.sleep(0.5)
 
     # ---------------------------------------------------------------- intake
-    def submit(self, req: pb.Request, sink: Sink) -> None:
+    def submit(self, req: pb.Request, sink: Sink) -> pb.RequestEvent | None:
+        """Accept a request (None) or return the event that refuses it."""
         now = self.clock.now()
         rid = req.id
         if not rid or rid in self.entries:
-            sink(_finished(req, pb.REJECTED, "INVALID_ARGUMENT",
-                           "request.id: missing or already in flight", now))
-            return
+            return _finished(req, pb.REJECTED, "INVALID_ARGUMENT",
+                             "request.id: missing or already in flight", now)
         self.entries[rid] = _Entry(req, sink, origin=True)
         self.driver.submit(RequestView(
             id=rid,
@@ -174,10 +175,12 @@ class SchedulerRuntime:
             arrival_s=now,
             dataset=req.dataset,
         ))
+        return None
 
-    def forward_in(self, req: pb.Request, sink: Sink) -> None:
+    def forward_in(self, req: pb.Request, sink: Sink) -> pb.RequestEvent | None:
         self.entries[req.id] = _Entry(req, sink, origin=False)
         self.driver.forwarded_in(req.id, req.target_dc)
+        return None
 
     # ---------------------------------------------------------------- transport
     def _decided(self, d: Dispatch) -> None:
@@ -336,38 +339,13 @@ class SchedulerService(sgrpc.SchedulerServicer):
     def __init__(self, rt: SchedulerRuntime) -> None:
         self.rt = rt
 
-    async def _pump(
+    def _pump(
         self,
         request_iterator: AsyncIterator[pb.Request],
-        intake: Callable[[pb.Request, Sink], None],
+        intake: Callable[[pb.Request, Sink], pb.RequestEvent | None],
     ) -> AsyncIterator[pb.RequestEvent]:
-        out: asyncio.Queue[pb.RequestEvent | None] = asyncio.Queue()
-        pending: set[str] = set()
-        done_reading = False
-
-        def sink(ev: pb.RequestEvent) -> None:
-            out.put_nowait(ev)
-
-        async def reader() -> None:
-            nonlocal done_reading
-            async for req in request_iterator:
-                pending.add(req.id)
-                intake(req, sink)
-            done_reading = True
-            out.put_nowait(None)
-
-        task = asyncio.create_task(reader())
-        try:
-            while True:
-                ev = await out.get()
-                if ev is not None:
-                    if ev.kind == pb.FINISHED:
-                        pending.discard(ev.request_id)
-                    yield ev
-                if done_reading and not pending and out.empty():
-                    break
-        finally:
-            task.cancel()
+        return serve_event_stream(request_iterator, intake,
+                                  lambda e: e.kind == pb.FINISHED, lambda m: str(m.id))
 
     async def Submit(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.Request], context: grpc.aio.ServicerContext
