@@ -72,6 +72,9 @@ class SchedulerSpec:
     project_peers: bool = True    # ... once per regional scheduler (peers route alike)
 
 
+_SCHEDULER_DEFAULTS = SchedulerSpec()  # the validator's defaults are the spec's
+
+
 @dataclass(frozen=True)
 class RegionSpec:
     name: str
@@ -341,19 +344,22 @@ def _scheduler(v: _V, raw: Any, key: str, defaults: Mapping[str, Any]) -> Schedu
                      "staleness_s", "deadline_s", "project_dispatches", "project_peers"})
     flags = {}
     for flag in ("project_dispatches", "project_peers"):
-        flags[flag] = m.get(flag, True)
+        flags[flag] = m.get(flag, getattr(_SCHEDULER_DEFAULTS, flag))
         if not isinstance(flags[flag], bool):
             raise v.err(f"{key}.{flag}", f"expected true or false, got {flags[flag]!r}")
     pc = m.get("policy_config", {}) or {}
     v.mapping(pc, f"{key}.policy_config")
+    d = _SCHEDULER_DEFAULTS
     return SchedulerSpec(
-        policy=v.text(m, "policy", f"{key}.policy", "round-robin"),
+        policy=v.text(m, "policy", f"{key}.policy", d.policy),
         policy_config=dict(pc),
-        window_s=v.num(m, "window_s", f"{key}.window_s", 0.1, lo=0.0),
-        window_max=v.integer(m, "window_max", f"{key}.window_max", 300, lo=1),
-        osl_mode=v.text(m, "osl_mode", f"{key}.osl_mode", "oracle", ("oracle", "predicted")),
-        staleness_s=v.num(m, "staleness_s", f"{key}.staleness_s", 5.0, lo=0.0, strict_lo=True),
-        deadline_s=v.num(m, "deadline_s", f"{key}.deadline_s", 2.0, lo=0.0, strict_lo=True),
+        window_s=v.num(m, "window_s", f"{key}.window_s", d.window_s, lo=0.0),
+        window_max=v.integer(m, "window_max", f"{key}.window_max", d.window_max, lo=1),
+        osl_mode=v.text(m, "osl_mode", f"{key}.osl_mode", d.osl_mode, ("oracle", "predicted")),
+        staleness_s=v.num(m, "staleness_s", f"{key}.staleness_s", d.staleness_s, lo=0.0,
+                          strict_lo=True),
+        deadline_s=v.num(m, "deadline_s", f"{key}.deadline_s", d.deadline_s, lo=0.0,
+                         strict_lo=True),
         project_dispatches=flags["project_dispatches"],
         project_peers=flags["project_peers"],
     )
@@ -364,12 +370,14 @@ def _dc(v: _V, raw: Any, key: str, region: str, defaults: Mapping[str, Any]) -> 
     m.update(v.mapping(raw, key))
     v.known(m, key, {"name", "zone", "nodes", "gpus_per_node", "setup", "pue", "ci", "routing",
                      "max_queue_per_engine"})
-    setup = v.text(m, "setup", f"{key}.setup", "a100-40gb/llama-3.1-8b-tp1")
+    from services.datacenter.dc import DC_DEFAULTS as d
+
+    setup = v.text(m, "setup", f"{key}.setup", d.setup)
     try:
         cal = load_calibration(setup)
     except ConfigError as exc:
         raise v.err(f"{key}.setup", str(exc)) from exc
-    gpn = v.integer(m, "gpus_per_node", f"{key}.gpus_per_node", 8, lo=1)
+    gpn = v.integer(m, "gpus_per_node", f"{key}.gpus_per_node", d.gpus_per_node, lo=1)
     if gpn % cal.tp:
         raise v.err(f"{key}.gpus_per_node", f"expected a multiple of tp={cal.tp} ({setup})")
     if "ci" not in m:
@@ -378,15 +386,15 @@ def _dc(v: _V, raw: Any, key: str, region: str, defaults: Mapping[str, Any]) -> 
         name=v.text(m, "name", f"{key}.name"),
         region=region,
         zone=str(m.get("zone", "")),
-        nodes=v.integer(m, "nodes", f"{key}.nodes", 4, lo=1),
+        nodes=v.integer(m, "nodes", f"{key}.nodes", d.nodes, lo=1),
         gpus_per_node=gpn,
         setup=setup,
-        pue=v.num(m, "pue", f"{key}.pue", 1.1, lo=1.0),
+        pue=v.num(m, "pue", f"{key}.pue", d.pue, lo=1.0),
         ci=m["ci"],
-        routing=v.text(m, "routing", f"{key}.routing", "round-robin",
+        routing=v.text(m, "routing", f"{key}.routing", d.routing,
                        ("round-robin", "least-loaded")),
         max_queue_per_engine=v.integer(m, "max_queue_per_engine", f"{key}.max_queue_per_engine",
-                                       4096, lo=1),
+                                       d.max_queue_per_engine, lo=1),
     )
 
 

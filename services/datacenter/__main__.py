@@ -13,7 +13,7 @@ from services.common.carbon import ConstantCI
 from services.common.clock import WallClock
 from services.common.errors import GeoServeError
 from services.common.metrics import add_metrics_args
-from services.datacenter.dc import DcConfig
+from services.datacenter.dc import DC_DEFAULTS, ROUTINGS, DcConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,13 +22,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dc", default=os.environ.get("GEOSERVE_DC", ""), help="DC name")
     p.add_argument("--region", default="local")
     p.add_argument("--zone", default="")
-    p.add_argument("--setup", default="a100-40gb/llama-3.1-8b-tp1", help="calibration setup")
-    p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--pue", type=float, default=1.1)
+    p.add_argument("--setup", default=DC_DEFAULTS.setup, help="calibration setup")
+    p.add_argument("--nodes", type=int, default=DC_DEFAULTS.nodes)
+    p.add_argument("--gpus-per-node", type=int, default=DC_DEFAULTS.gpus_per_node)
+    p.add_argument("--pue", type=float, default=DC_DEFAULTS.pue)
     p.add_argument("--ci", type=float, default=300.0, help="constant grid CI, gCO2/kWh")
-    p.add_argument("--routing", default="round-robin", choices=["round-robin", "least-loaded"])
-    p.add_argument("--max-queue", type=int, default=4096, help="waiting requests per engine")
+    p.add_argument("--routing", default=DC_DEFAULTS.routing, choices=list(ROUTINGS))
+    p.add_argument("--max-queue", type=int, default=DC_DEFAULTS.max_queue_per_engine,
+                   help="waiting requests per engine")
     p.add_argument("--address", default=None, help="listen address (default [::]:$PORT)")
     p.add_argument("--dilation", type=float, default=None, help="time dilation factor k >= 1")
     p.add_argument("--epoch", type=float, default=None, help="run epoch, unix seconds")

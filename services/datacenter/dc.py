@@ -69,6 +69,10 @@ class DcConfig:
             raise InvalidInput("routing", f"expected one of {ROUTINGS}, got {self.routing!r}")
 
 
+# The DC's defaults, in one place: topologies, the DC service's flags and the core use them.
+DC_DEFAULTS = DcConfig(name="")
+
+
 @dataclass
 class EnergyTotals:
     gpu_active_j: float = 0.0
