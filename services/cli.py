@@ -16,7 +16,6 @@ from services.common.errors import GeoServeError
 # Packages whose `cli` module adds subcommands, in help order.
 COMMAND_MODULES = (
     "services.runner.cli",
-    "services.datacenter.cli",
     "services.calibrate.cli",
     "services.scheduler.cli",
     "services.sweep.cli",

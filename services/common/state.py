@@ -1,9 +1,10 @@
-"""Plain data views shared by cores: what a scheduler knows about DCs and requests.
+"""Plain data views shared by cores: what a scheduler knows about DCs and requests, and the
+one formula of a request's latencies.
 
 Rules
 -----
 * Frozen dataclasses, no I/O. Runtimes convert protobuf `Snapshot` / `Request` messages to
-  these views (see `services.common.convert`) so policies and estimators never touch protos.
+  these views (see `services.provisioner.convert`) so policies and estimators never touch protos.
 * Units in names: seconds, tokens, gCO2/kWh, ratios in [0, 1].
 """
 
@@ -66,3 +67,11 @@ class RequestView:
     tpot_slo_s: float
     arrival_s: float
     dataset: str = ""
+
+
+def latencies(arrival_s: float, first_token_s: float, completed_s: float
+              ) -> tuple[float, float]:
+    """TTFT and e2e latency (s) of a request arriving at `arrival_s` — the one definition:
+    from the arrival at its first scheduler to the first token / the last token, each
+    seen where `first_token_s` / `completed_s` were taken (at the origin for records)."""
+    return first_token_s - arrival_s, completed_s - arrival_s

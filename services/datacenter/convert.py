@@ -5,6 +5,7 @@ from __future__ import annotations
 from geoserve.v1 import common_pb2 as pb
 from geoserve.v1 import datacenter_pb2 as dpb
 
+from services.common.state import latencies
 from services.datacenter.dc import Datacenter, DcCounters
 from services.datacenter.engine import FinishedRequest
 
@@ -23,9 +24,8 @@ def finished_record(
     rec.output_tokens = fin.output_tokens
     rec.prefill_tokens = fin.prefilled_tokens
     rec.preemptions = fin.preemptions
-    rec.ttft_s = fin.first_token_s - origin
+    rec.ttft_s, rec.e2e_s = latencies(origin, fin.first_token_s, fin.completed_s)
     rec.tpot_s = fin.tpot_s
-    rec.e2e_s = fin.completed_s - origin
     rec.queue_s = fin.queue_s
     rec.energy_j = fin.energy_j
     return rec

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,72 @@ def register(sub: Any) -> None:
                    help="Grafana folder (default deploy/grafana)")
     d.set_defaults(func=cmd_dashboards)
 
-    # ---- compose deployment: `geoserve compose` and `geoserve swap-scheduler` go here ----
-    from services.deploy.compose import register_commands as register_compose
+    register_commands(sub)
 
-    register_compose(sub)
+
+# ---- compose deployment: `geoserve compose` and `geoserve swap-scheduler` ----
+
+
+def cmd_compose(args: Any) -> int:
+    from services.common.topology import load_topology
+    from services.deploy.compose import write_compose
+
+    topo = load_topology(args.topology)
+    out = Path(args.out)
+    env_out = None if args.no_env else Path(args.env_out or out.parent / ".env")
+    for path in write_compose(topo, out, env_out):
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_swap_scheduler(args: Any) -> int:
+    from services.deploy.swap import swap_scheduler, validate
+
+    req = validate(compose_file=Path(args.file), region=args.region, image=args.image,
+                   project=args.project, policy=args.policy,
+                   policy_config=args.policy_config, any_policy=args.any_policy,
+                   health_cmd=args.health_cmd, timeout_s=args.timeout)
+    swap_scheduler(req)
+    return 0
+
+
+def register_commands(sub: Any) -> None:
+    """Add ``compose`` and ``swap-scheduler`` to the ``geoserve`` subcommands."""
+    c = sub.add_parser(
+        "compose", help="write docker-compose.yml (and .env) for a topology",
+        description="Write a Docker Compose file running every service of a topology in its "
+                    "own container (plus Prometheus, and Grafana under the 'grafana' "
+                    "profile), and the .env that pins its images and ports.")
+    c.add_argument("--topology", default="topologies/small.yaml",
+                   help="topology YAML, or a name in topologies/ (default: small)")
+    c.add_argument("--out", default=str(ROOT / "docker-compose.yml"),
+                   help="compose file to write (default: docker-compose.yml at the top)")
+    c.add_argument("--env-out", default=None,
+                   help="the .env to write (default: .env next to --out)")
+    c.add_argument("--no-env", action="store_true", help="do not write the .env")
+    c.set_defaults(func=cmd_compose)
+
+    s = sub.add_parser(
+        "swap-scheduler", help="replace a region's scheduler container (Docker, between runs)",
+        description="Replace the running scheduler container of one region of a compose "
+                    "deployment by one from another image (and/or policy), keeping its "
+                    "network, aliases, environment and command; waits for it to be healthy "
+                    "and rolls back if it is not.")
+    s.add_argument("--region", required=True, help="region whose scheduler to replace")
+    s.add_argument("--image", required=True, help="image of the new scheduler")
+    s.add_argument("--policy", default=None, help="policy of the new scheduler "
+                   "(default: keep the current setting)")
+    s.add_argument("--policy-config", default=None, help="policy settings k=v,k=v")
+    s.add_argument("--any-policy", action="store_true",
+                   help="pass --policy on without checking it against GeoServe's registry")
+    s.add_argument("--project", default=os.environ.get("COMPOSE_PROJECT_NAME") or None,
+                   help="compose project (default: $COMPOSE_PROJECT_NAME or the compose "
+                        "file's folder name)")
+    s.add_argument("--file", "-f", default="docker-compose.yml",
+                   help="compose file of the deployment (default: docker-compose.yml)")
+    s.add_argument("--health-cmd", default=None,
+                   help="health check command of the new container (default: the old one's, "
+                        "python -m services.common.healthprobe)")
+    s.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds to wait for the new scheduler to be healthy")
+    s.set_defaults(func=cmd_swap_scheduler)

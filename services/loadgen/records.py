@@ -1,7 +1,8 @@
 """Flat per-request records (one row per emitted request) and their CSV form.
 
-Both runtimes produce `RecordRow`s: the wall runtime from `RequestRecord` protos, the
-virtual runtime directly. Times are emulated seconds; NaN where a phase was not reached.
+Both runtimes produce `RecordRow`s through `RecordRow.for_plan`: the wall runtime from
+`RequestRecord` protos, the virtual runtime from the origin scheduler's `Journey` and the
+engine's `FinishedRequest`. Times are emulated seconds; NaN where a phase was not reached.
 """
 
 from __future__ import annotations
@@ -57,6 +58,15 @@ class RecordRow:
     decision_s: float = NAN
     ttft_slo_s: float = NAN
     tpot_slo_s: float = NAN
+
+    @classmethod
+    def for_plan(cls, plan: Any, state: str = "", **fields: Any) -> RecordRow:
+        """The row of a planned request (`services.loadgen.plan.PlannedRequest`): its
+        identity, lengths and SLO from the plan, the rest from `fields`. Every runtime
+        builds its rows here."""
+        return cls(id=plan.id, origin_region=plan.origin_region, dataset=plan.dataset,
+                   isl_tokens=plan.isl_tokens, osl_tokens=plan.osl_tokens, state=state,
+                   ttft_slo_s=plan.ttft_slo_s, tpot_slo_s=plan.tpot_slo_s, **fields)
 
     @property
     def slo_met(self) -> bool:

@@ -64,12 +64,8 @@ def row_from_record(rec: pb.RequestRecord, plan: PlannedRequest, t0: float) -> R
         return v - t0 if v > 0 else math.nan
 
     done = rec.state == pb.COMPLETED
-    return RecordRow(
-        id=plan.id,
-        origin_region=plan.origin_region,
-        dataset=plan.dataset,
-        isl_tokens=plan.isl_tokens,
-        osl_tokens=plan.osl_tokens,
+    return RecordRow.for_plan(
+        plan,
         state=STATE_NAMES.get(rec.state, FAILED),
         reason=rec.reason,
         status_code=rec.status_code,
@@ -97,17 +93,13 @@ def row_from_record(rec: pb.RequestRecord, plan: PlannedRequest, t0: float) -> R
         preemptions=rec.preemptions,
         energy_j=rec.energy_j,
         decision_s=r.decision_s if ts.decided_s > 0 else math.nan,
-        ttft_slo_s=plan.ttft_slo_s,
-        tpot_slo_s=plan.tpot_slo_s,
     )
 
 
 def failed_row(plan: PlannedRequest, t0: float, emitted_s: float, reason: str) -> RecordRow:
-    return RecordRow(
-        id=plan.id, origin_region=plan.origin_region, dataset=plan.dataset,
-        isl_tokens=plan.isl_tokens, osl_tokens=plan.osl_tokens, state=FAILED, reason=reason,
-        status_code="UNAVAILABLE", emitted_s=emitted_s - t0 if emitted_s else math.nan,
-        ttft_slo_s=plan.ttft_slo_s, tpot_slo_s=plan.tpot_slo_s,
+    return RecordRow.for_plan(
+        plan, state=FAILED, reason=reason, status_code="UNAVAILABLE",
+        emitted_s=emitted_s - t0 if emitted_s else math.nan,
     )
 
 

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from services.common.clock import Cancellable, Clock
-from services.common.state import RequestView
+from services.common.state import RequestView, latencies
 from services.common.topology import Topology
 from services.scheduler.core import Dispatch, SchedulerCore
 
@@ -64,7 +64,8 @@ class Journey:
         if math.isnan(ft):
             ft = first_token_dc_s + self.back_s
         done = completed_dc_s + self.back_s
-        return ft, done, ft - self.arrival_s, done - self.arrival_s
+        ttft, e2e = latencies(self.arrival_s, ft, done)
+        return ft, done, ttft, e2e
 
 
 def core_for_region(topo: Topology, region: str, policy_clock: Callable[[], float]

@@ -41,7 +41,7 @@ import numpy as np
 from geoserve.v1 import common_pb2 as pb
 
 from services.common.errors import GeoServeError
-from services.common.state import RequestView
+from services.common.state import RequestView, latencies
 from services.common.topology import Topology, build_datacenter
 from services.common.vclock import VirtualClock
 from services.datacenter.convert import counters_to_proto
@@ -108,9 +108,9 @@ class _SimMetrics:
         self.csv = MetricsCsv(path)
 
     def completed(self, dc: str, row: RecordRow) -> None:
-        self.dc[dc].on_completed(row.first_token_s - row.scheduler_arrival_s, row.tpot_s,
-                                 row.completed_s - row.scheduler_arrival_s, row.queue_s,
-                                 row.isl_tokens, row.output_tokens)
+        ttft, e2e = latencies(row.scheduler_arrival_s, row.first_token_s, row.completed_s)
+        self.dc[dc].on_completed(ttft, row.tpot_s, e2e, row.queue_s, row.isl_tokens,
+                                 row.output_tokens)
         self.lg.on_finished(row)
 
     def schedule(self, end_s: float) -> None:
@@ -220,12 +220,8 @@ class SimRun:
     # ---------------------------------------------------------------- load
     def _emit(self, p: PlannedRequest) -> None:
         now = self.clock.now()
-        row = RecordRow(
-            id=p.id, origin_region=p.origin_region, dataset=p.dataset, isl_tokens=p.isl_tokens,
-            osl_tokens=p.osl_tokens, state="", emitted_s=now, scheduler_arrival_s=now,
-            ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s,
-            policy=self.schedulers[p.origin_region].policy.name,
-        )
+        row = RecordRow.for_plan(p, emitted_s=now, scheduler_arrival_s=now,
+                                 policy=self.schedulers[p.origin_region].policy.name)
         self.reqs[p.id] = _Req(p, row)
         self.emitted.append(p.id)
         if self._m is not None:
