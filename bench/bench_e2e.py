@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.common.topology import ROOT, load_topology  # noqa: E402
+from services.config.topology import ROOT, load_topology  # noqa: E402
 from services.sim.runtime import SimRun  # noqa: E402
 
 

@@ -22,12 +22,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.common.calibration import load_calibration  # noqa: E402
-from services.common.carbon import ConstantCI  # noqa: E402
-from services.common.vclock import VirtualClock  # noqa: E402
+from services.config.calibration import load_calibration  # noqa: E402
 from services.datacenter.dc import Datacenter, DcConfig  # noqa: E402
 from services.datacenter.driver import DcDriver  # noqa: E402
 from services.datacenter.engine import EngineRequest, Finished  # noqa: E402
+from services.model.carbon import ConstantCI  # noqa: E402
+from services.runtime.vclock import VirtualClock  # noqa: E402
 
 SETUP = "a100-40gb/llama-3.1-8b-tp1"
 

@@ -3,7 +3,7 @@
 #
 #   geoserve-entrypoint datacenter|scheduler|provisioner|loadgen|carm [ARGS...]
 #       -> python -m services.<name> [ARGS...] [--epoch E] [--dilation K] [$GEOSERVE_EXTRA_ARGS]
-#   geoserve-entrypoint healthprobe [HOST:PORT]   -> python -m services.common.healthprobe
+#   geoserve-entrypoint healthprobe [HOST:PORT]   -> python -m services.runtime.healthprobe
 #   geoserve-entrypoint geoserve ARGS...          -> the geoserve CLI
 #   geoserve-entrypoint COMMAND ARGS...           -> COMMAND (a shell, python, ...)
 #
@@ -50,7 +50,7 @@ case "$svc" in
   datacenter|scheduler|provisioner|loadgen|carm)
     shift ;;
   healthprobe)
-    shift; exec python -m services.common.healthprobe "$@" ;;
+    shift; exec python -m services.runtime.healthprobe "$@" ;;
   geoserve)
     shift; exec geoserve "$@" ;;
   ""|-h|--help|help)

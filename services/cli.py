@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from services.common.errors import GeoServeError
+from services.model.errors import GeoServeError
 
 # Packages whose `cli` module adds subcommands, in help order.
 COMMAND_MODULES = (

@@ -23,7 +23,7 @@ def free_port() -> int:
 
 
 def wait_healthy(address: str, timeout_s: float = 30.0) -> None:
-    from services.common.grpcutil import wait_healthy as _wait
+    from services.runtime.grpcutil import wait_healthy as _wait
 
     asyncio.run(_wait(address, timeout_s))
 

@@ -20,14 +20,14 @@ from services.calibrate import fit as fitmod
 from services.calibrate import replay as replaymod
 from services.calibrate import roofline as rl
 from services.calibrate import validate as valmod
-from services.common.calibration import (
+from services.config.calibration import (
     calibration_path,
     list_setups,
     load_calibration,
     load_calibration_file,
     parse_calibration,
 )
-from services.common.errors import ConfigError
+from services.model.errors import ConfigError
 
 
 def _load_setup(setup: str) -> Any:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from services.common.errors import ConfigError
+from services.model.errors import ConfigError
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -48,8 +48,8 @@ from services.calibrate.roofline import (
     roofline_calibration,
     step_grid,
 )
-from services.common.calibration import CALIBRATION_DIR
-from services.common.errors import InvalidInput
+from services.config.calibration import CALIBRATION_DIR
+from services.model.errors import InvalidInput
 
 FloatArray = npt.NDArray[np.float64]
 MEAS = CALIBRATION_DIR / "measurements"

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from services.calibrate.csvio import read_table
-from services.common.calibration import CALIBRATION_DIR, Calibration
+from services.config.calibration import CALIBRATION_DIR, Calibration
 from services.datacenter.perfmodel import PerfModel
 
 MLENERGY_CSV = CALIBRATION_DIR / "measurements" / "mlenergy_v2_vllm_llm_energy_by_batch.csv"

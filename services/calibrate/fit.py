@@ -37,9 +37,9 @@ import numpy as np
 import numpy.typing as npt
 
 from services.calibrate.csvio import Table, read_table
-from services.common.calibration import DecodeCoeffs, PrefillCoeffs
-from services.common.errors import ConfigError, InvalidInput
+from services.config.calibration import DecodeCoeffs, PrefillCoeffs
 from services.datacenter.perfmodel import decode_step_time, prefill_step_time
+from services.model.errors import ConfigError, InvalidInput
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from services.calibrate.csvio import Table, read_table
-from services.common.calibration import Calibration
-from services.common.errors import ConfigError, InvalidInput
+from services.config.calibration import Calibration
 from services.datacenter.vdriver import ReplayItem, ReplayResult, replay
+from services.model.errors import ConfigError, InvalidInput
 
 LOG_COLUMNS = {
     "arrival_s": "request arrival, seconds from the start of the run",

@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from services.calibrate import fit as fitmod
-from services.common.errors import ConfigError, InvalidInput
+from services.model.errors import ConfigError, InvalidInput
 
 FloatArray = npt.NDArray[np.float64]
 GIB = 1024**3

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from services.calibrate.workload import CNN_DAILYMAIL, Stream, Workload, poisson_stream
-from services.common.calibration import Calibration
+from services.config.calibration import Calibration
 from services.datacenter.vdriver import ReplayItem, ReplayResult, replay
 
 PAPER_RATES_RPS: tuple[float, ...] = (

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from services.common.errors import InvalidInput
+from services.model.errors import InvalidInput
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]

@@ -14,9 +14,9 @@ import os
 import sys
 import time
 
-from services.common.clock import WallClock
-from services.common.errors import GeoServeError, InvalidInput
-from services.common.metrics import add_metrics_args, serve_metrics
+from services.model.errors import GeoServeError, InvalidInput
+from services.runtime.clock import WallClock
+from services.runtime.metrics import add_metrics_args, serve_metrics
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from services.carm.live import CarmLive
     from services.carm.server import CarmMetrics, WallCarm, serve
-    from services.common.grpcutil import parse_addr_map
-    from services.common.topology import load_topology
+    from services.config.topology import load_topology
+    from services.runtime.grpcutil import parse_addr_map
 
     try:
         if not args.topology:

@@ -28,7 +28,7 @@ from services.carm.models import (
     training_power_per_worker_w,
 )
 from services.carm.problem import Instance, Plan, SolveInfo
-from services.common.errors import InvalidInput
+from services.model.errors import InvalidInput
 
 
 def _full_active(inst: Instance) -> IntArray:

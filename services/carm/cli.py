@@ -19,7 +19,7 @@ from typing import Any
 
 from services.carm import methods
 from services.carm.milp import MilpOptions
-from services.common.errors import InvalidInput
+from services.model.errors import InvalidInput
 
 WORKLOADS = ("light", "medium", "heavy")
 
@@ -121,7 +121,7 @@ def cmd_joint(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from services.carm.joint import run_joint, verdict_text, write_joint
-    from services.common.topology import load_topology
+    from services.config.topology import load_topology
 
     if args.duration is not None and not args.duration > 0:
         raise InvalidInput("duration", f"expected > 0, got {args.duration}")

@@ -37,7 +37,7 @@ from services.carm.models import (
     latency_s,
 )
 from services.carm.problem import Instance, Plan, TrainingJob
-from services.common.errors import InvalidInput, UsageError
+from services.model.errors import InvalidInput, UsageError
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from services.common.topology import Topology, load_topology
+from services.config.topology import Topology, load_topology
 
 J_PER_KWH = 3.6e6
 
@@ -47,7 +47,7 @@ def run_joint(topology: str = "joint", geo_policy: str = "greedy",
 
     base = load_topology(topology)
     if base.carm is None:
-        from services.common.errors import InvalidInput
+        from services.model.errors import InvalidInput
 
         raise InvalidInput("--topology", f"{base.path} has no carm section")
     if duration_s is not None:

@@ -64,9 +64,10 @@ from services.carm.models import (
 from services.carm.profiles import ProfileSet, load_profiles
 from services.carm.renewables import load_site, site_supply
 from services.carm.workload import load_workloads
-from services.common.calibration import Calibration, load_calibration
-from services.common.errors import ConfigError, InvalidInput, UsageError
-from services.common.topology import CarmDcSpec, CarmSpec, Topology, build_ci
+from services.config.calibration import Calibration, load_calibration
+from services.config.factory import build_ci
+from services.config.topology import CarmDcSpec, CarmSpec, Topology
+from services.model.errors import ConfigError, InvalidInput, UsageError
 
 DAY_S = 86400.0
 MINUTE_S = 60.0

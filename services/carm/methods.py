@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from services.carm import baselines, milp
 from services.carm.evaluate import evaluate
 from services.carm.problem import Instance, Plan
-from services.common.errors import InvalidInput
+from services.model.errors import InvalidInput
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,8 @@ import numpy.typing as npt
 
 from services.carm.models import FloatArray, IntArray
 from services.carm.problem import Instance, Plan, SolveInfo, Tables, tables
-from services.common.errors import InvalidInput
-from services.common.highs import new_highs
+from services.model.errors import InvalidInput
+from services.model.highs import new_highs
 
 KWH_J = 3.6e6
 BoolArray = npt.NDArray[np.bool_]

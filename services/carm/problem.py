@@ -34,7 +34,7 @@ from services.carm.models import (
     latency_s,
     training_power_per_worker_w,
 )
-from services.common.errors import InvalidInput
+from services.model.errors import InvalidInput
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from services.carm.models import InferenceProfile, TrainingProfile
-from services.common.errors import ConfigError
+from services.model.errors import ConfigError
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 CARM_DIR = DATA_DIR / "carm"

@@ -25,7 +25,7 @@ import numpy as np
 
 from services.carm.models import FloatArray
 from services.carm.profiles import CARM_DIR, DATA_DIR, read_yaml
-from services.common.errors import ConfigError, InvalidInput
+from services.model.errors import ConfigError, InvalidInput
 
 
 def pv_power_w(

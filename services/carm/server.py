@@ -27,9 +27,9 @@ from geoserve.v1 import datacenter_pb2_grpc as dgrpc
 from prometheus_client import CollectorRegistry, Gauge
 
 from services.carm.live import CarmLive, SlotPlan
-from services.common.clock import WallClock
-from services.common.errors import InvalidInput
-from services.common.grpcutil import install_signal_handlers, set_not_serving, start_server
+from services.model.errors import InvalidInput
+from services.runtime.clock import WallClock
+from services.runtime.grpcutil import install_signal_handlers, set_not_serving, start_server
 
 log = logging.getLogger("geoserve.carm")
 T = TypeVar("T")

@@ -22,7 +22,7 @@ from services.carm.models import EmissionFactors, service_rate_rps
 from services.carm.problem import Instance, TrainingJob
 from services.carm.profiles import CARM_DIR, ProfileSet, load_profiles, read_yaml
 from services.carm.renewables import load_site, site_supply
-from services.common.errors import ConfigError, InvalidInput
+from services.model.errors import ConfigError, InvalidInput
 
 
 def load_workloads(path: Path | None = None) -> dict[str, Any]:

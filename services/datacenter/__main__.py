@@ -8,12 +8,12 @@ import logging
 import os
 import sys
 
-from services.common.calibration import load_calibration
-from services.common.carbon import ConstantCI
-from services.common.clock import WallClock
-from services.common.errors import GeoServeError
-from services.common.metrics import add_metrics_args
+from services.config.calibration import load_calibration
 from services.datacenter.dc import DC_DEFAULTS, ROUTINGS, DcConfig
+from services.model.carbon import ConstantCI
+from services.model.errors import GeoServeError
+from services.runtime.clock import WallClock
+from services.runtime.metrics import add_metrics_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,14 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = build_parser().parse_args(argv)
-    from services.common.metrics import DcMetrics, metrics_port, serve_metrics
     from services.datacenter.dc import Datacenter
     from services.datacenter.server import serve
+    from services.runtime.metrics import DcMetrics, metrics_port, serve_metrics
 
     try:
         address = args.address or f"[::]:{os.environ.get('PORT', '50051')}"
         if args.topology:
-            from services.common.topology import build_datacenter, load_topology
+            from services.config.factory import build_datacenter
+            from services.config.topology import load_topology
 
             topo = load_topology(args.topology)
             clock = WallClock(args.dilation or topo.dilation, args.epoch)

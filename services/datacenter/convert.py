@@ -5,9 +5,9 @@ from __future__ import annotations
 from geoserve.v1 import common_pb2 as pb
 from geoserve.v1 import datacenter_pb2 as dpb
 
-from services.common.state import latencies
 from services.datacenter.dc import Datacenter, DcCounters
 from services.datacenter.engine import FinishedRequest
+from services.model.state import latencies
 
 
 def finished_record(

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.common.calibration import Calibration
-from services.common.carbon import CISource
-from services.common.errors import InvalidInput, Unavailable
+from services.config.calibration import Calibration
 from services.datacenter.engine import Engine, EngineConfig, EngineRequest
 from services.datacenter.perfmodel import PerfModel
+from services.model.carbon import CISource
+from services.model.errors import InvalidInput, Unavailable
 
 J_PER_KWH = 3.6e6
 ROUTINGS = ("round-robin", "least-loaded")

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from services.common.clock import Cancellable, Clock
 from services.datacenter.dc import Datacenter, LatenessStats
 from services.datacenter.engine import Engine, EngineEvent, EngineRequest, Finished
+from services.runtime.clock import Cancellable, Clock
 
 EventsSink = Callable[[int, Sequence[EngineEvent]], None]
 

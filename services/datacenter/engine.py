@@ -50,9 +50,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.calibration import Calibration
-from services.common.errors import CapacityExceeded, InvalidInput, UsageError
+from services.config.calibration import Calibration
 from services.datacenter.perfmodel import PerfModel
+from services.model.errors import CapacityExceeded, InvalidInput, UsageError
 
 PREFILL = "prefill"
 DECODE = "decode"

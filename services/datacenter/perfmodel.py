@@ -12,7 +12,7 @@ Rules
 
   Each is written once (`prefill_step_time`, `decode_step_time`, `prefill_step_energy`,
   `decode_step_energy`, and `chunked_prefill_time` built on t_pre) over a coefficient
-  record of `services.common.calibration` and step shapes that may be Python floats or
+  record of `services.config.calibration` and step shapes that may be Python floats or
   numpy arrays (broadcasting). Where a formula branches (the knee, an empty batch) it
   tests for an array and uses `numpy.where`, else a plain conditional, so one step costs
   no numpy call. The engine (`PerfModel`, plain float math on its hot path), the ``*_arr``
@@ -36,13 +36,13 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from services.common.calibration import (
+from services.config.calibration import (
     Calibration,
     DecodeCoeffs,
     EnergyCoeffs,
     PrefillCoeffs,
 )
-from services.common.errors import InvalidInput
+from services.model.errors import InvalidInput
 
 FloatArray = npt.NDArray[np.float64]
 X = TypeVar("X", float, FloatArray)  # a step shape: one step, or an array of steps

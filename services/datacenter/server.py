@@ -20,19 +20,19 @@ from geoserve.v1 import common_pb2 as pb
 from geoserve.v1 import datacenter_pb2 as dpb
 from geoserve.v1 import datacenter_pb2_grpc as dgrpc
 
-from services.common.clock import WallClock
-from services.common.errors import GeoServeError, InvalidInput
-from services.common.grpcutil import (
+from services.datacenter.convert import counters_to_proto, failed_record, finished_record
+from services.datacenter.dc import Datacenter
+from services.datacenter.driver import DcDriver
+from services.datacenter.engine import EngineEvent, EngineRequest, FirstToken
+from services.model.errors import GeoServeError, InvalidInput
+from services.runtime.clock import WallClock
+from services.runtime.grpcutil import (
     install_signal_handlers,
     serve_event_stream,
     set_not_serving,
     start_server,
 )
-from services.common.metrics import DcMetrics
-from services.datacenter.convert import counters_to_proto, failed_record, finished_record
-from services.datacenter.dc import Datacenter
-from services.datacenter.driver import DcDriver
-from services.datacenter.engine import EngineEvent, EngineRequest, FirstToken
+from services.runtime.metrics import DcMetrics
 
 log = logging.getLogger("geoserve.datacenter")
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.common.calibration import Calibration
-from services.common.vclock import VirtualClock
+from services.config.calibration import Calibration
 from services.datacenter.driver import EngineDriver
 from services.datacenter.engine import (
     Engine,
@@ -20,6 +19,7 @@ from services.datacenter.engine import (
     Finished,
     FinishedRequest,
 )
+from services.runtime.vclock import VirtualClock
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def replay(
 
     for k, it in enumerate(items):
         if not 0 <= it.engine < n_engines:
-            from services.common.errors import InvalidInput
+            from services.model.errors import InvalidInput
 
             raise InvalidInput("engine", f"item {k}: engine {it.engine} not in [0, {n_engines})")
         clock.call_at(it.arrival_s, arrive, k)

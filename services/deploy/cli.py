@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from services.common.topology import ROOT, load_topology
+from services.config.topology import ROOT, load_topology
 
 
 def cmd_prometheus_config(args: argparse.Namespace) -> int:
@@ -68,7 +68,7 @@ def register(sub: Any) -> None:
 
 
 def cmd_compose(args: Any) -> int:
-    from services.common.topology import load_topology
+    from services.config.topology import load_topology
     from services.deploy.compose import write_compose
 
     topo = load_topology(args.topology)
@@ -126,7 +126,7 @@ def register_commands(sub: Any) -> None:
                    help="compose file of the deployment (default: docker-compose.yml)")
     s.add_argument("--health-cmd", default=None,
                    help="health check command of the new container (default: the old one's, "
-                        "python -m services.common.healthprobe)")
+                        "python -m services.runtime.healthprobe)")
     s.add_argument("--timeout", type=float, default=120.0,
                    help="seconds to wait for the new scheduler to be healthy")
     s.set_defaults(func=cmd_swap_scheduler)

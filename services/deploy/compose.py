@@ -13,7 +13,7 @@ Rules / theory of operation
   Grafana are published, on the host's loopback, at ports pinned in ``.env``.
 * Start order follows the local runner: DCs, then the provisioner, then the schedulers,
   then the load generator, each ``depends_on`` the previous tier being *healthy* (gRPC
-  health probe ``python -m services.common.healthprobe``).
+  health probe ``python -m services.runtime.healthprobe``).
 * All processes of a run share one epoch: ``GEOSERVE_EPOCH`` when set, else the first
   container to start writes its start time to a tmpfs volume that the others read
   (``deploy/entrypoint.sh``); the volume empties when the last container of the run stops.
@@ -35,8 +35,8 @@ from typing import Any
 
 import yaml
 
-from services.common.errors import InvalidInput
-from services.common.topology import ROOT, Topology
+from services.config.topology import ROOT, Topology
+from services.model.errors import InvalidInput
 
 GRPC_PORT = 50051
 METRICS_PORT = 9100
@@ -160,7 +160,7 @@ def _layout(topo: Topology, out_dir: Path) -> dict[str, Any]:
         "GRPC_VERBOSITY": "ERROR",
     })
     health = Anchored("grpc-health", {
-        "test": ["CMD", "python", "-m", "services.common.healthprobe"],
+        "test": ["CMD", "python", "-m", "services.runtime.healthprobe"],
         "interval": "5s",
         "timeout": "4s",
         "retries": 3,

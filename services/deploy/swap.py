@@ -33,8 +33,8 @@ from typing import Any
 
 import yaml
 
-from services.common.errors import InvalidInput, Unavailable
 from services.deploy.compose import scheduler_service
+from services.model.errors import InvalidInput, Unavailable
 
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"

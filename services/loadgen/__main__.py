@@ -8,8 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from services.common.errors import GeoServeError, InvalidInput
-from services.common.metrics import add_metrics_args
+from services.model.errors import GeoServeError, InvalidInput
+from services.runtime.metrics import add_metrics_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,11 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from services.common.clock import WallClock
-    from services.common.grpcutil import parse_addr_map
-    from services.common.metrics import LoadgenMetrics, metrics_port, serve_metrics
-    from services.common.topology import load_topology
-    from services.loadgen.service import LoadGenerator
+    from services.config.topology import load_topology
+    from services.loadgen.runtime import LoadGenerator
+    from services.runtime.clock import WallClock
+    from services.runtime.grpcutil import parse_addr_map
+    from services.runtime.metrics import LoadgenMetrics, metrics_port, serve_metrics
 
     try:
         topo = load_topology(args.topology).with_overrides(

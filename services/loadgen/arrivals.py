@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.common.errors import ConfigError, InvalidInput
+from services.model.errors import ConfigError, InvalidInput
 
 DEFAULT_TRACE_DIR = Path(__file__).resolve().parents[2] / "data" / "request_traces"
 ARRIVAL_COLUMN = "arrival_s"

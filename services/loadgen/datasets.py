@@ -53,7 +53,7 @@ from typing import Literal
 
 import numpy as np
 
-from services.common.errors import ConfigError, InvalidInput, UsageError
+from services.model.errors import ConfigError, InvalidInput, UsageError
 
 DEFAULT_TRACE_DIR = Path(__file__).resolve().parents[2] / "data" / "request_traces"
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.common.calibration import load_calibration
-from services.common.topology import Topology
+from services.config.calibration import load_calibration
+from services.config.topology import Topology
 from services.loadgen.arrivals import make_arrivals
 from services.loadgen.datasets import get_dataset
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from services.common.errors import UsageError
 from services.loadgen.records import COMPLETED, FAILED, REJECTED, RecordRow
+from services.model.errors import UsageError
 
 
 @dataclass(frozen=True)

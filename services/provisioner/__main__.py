@@ -14,18 +14,18 @@ import sys
 
 from geoserve.v1 import common_pb2 as pb
 
-from services.common.clock import WallClock
-from services.common.errors import GeoServeError, InvalidInput
-from services.common.grpcutil import parse_addr_map
-from services.common.metrics import (
+from services.model.errors import GeoServeError, InvalidInput
+from services.provisioner.core import ProvisionerCore
+from services.provisioner.driver import core_for_topology
+from services.provisioner.server import WallProvisioner, serve
+from services.runtime.clock import WallClock
+from services.runtime.grpcutil import parse_addr_map
+from services.runtime.metrics import (
     ProvisionerMetrics,
     add_metrics_args,
     metrics_port,
     serve_metrics,
 )
-from services.provisioner.core import ProvisionerCore
-from services.provisioner.driver import core_for_topology
-from services.provisioner.server import WallProvisioner, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = build_parser().parse_args(argv)
-    from services.common.topology import load_topology
+    from services.config.topology import load_topology
 
     try:
         if not args.topology:

@@ -16,7 +16,7 @@ from typing import Any
 
 from geoserve.v1 import common_pb2 as pb
 
-from services.common.state import DcView, SnapshotView
+from services.model.state import DcView, SnapshotView
 from services.provisioner.core import DcEntry, SnapshotData
 from services.provisioner.driver import WindowStats
 

@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from services.common.errors import InvalidInput, UsageError
+from services.model.errors import InvalidInput, UsageError
 
 S = TypeVar("S")
 

@@ -23,8 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
-from services.common.clock import Cancellable, Clock
-from services.common.topology import Topology
+from services.config.topology import Topology
 from services.provisioner.core import (
     DcInfo,
     Poll,
@@ -33,6 +32,7 @@ from services.provisioner.core import (
     SnapshotData,
     Transition,
 )
+from services.runtime.clock import Cancellable, Clock
 
 S = TypeVar("S")
 

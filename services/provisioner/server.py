@@ -22,13 +22,13 @@ from geoserve.v1 import datacenter_pb2_grpc as dgrpc
 from geoserve.v1 import provisioner_pb2 as ppb
 from geoserve.v1 import provisioner_pb2_grpc as pgrpc
 
-from services.common.clock import WallClock
-from services.common.errors import InvalidInput
-from services.common.grpcutil import install_signal_handlers, set_not_serving, start_server
-from services.common.metrics import ProvisionerMetrics
+from services.model.errors import InvalidInput
 from services.provisioner.convert import batch_occupancy, snapshot_to_proto
 from services.provisioner.core import Poll, ProvisionerCore, SnapshotData, Transition
 from services.provisioner.driver import ProvisionerDriver
+from services.runtime.clock import WallClock
+from services.runtime.grpcutil import install_signal_handlers, set_not_serving, start_server
+from services.runtime.metrics import ProvisionerMetrics
 
 log = logging.getLogger("geoserve.provisioner")
 

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.common.errors import InvalidInput
-from services.common.topology import ROOT, Topology, load_topology
+from services.config.topology import ROOT, Topology, load_topology
+from services.model.errors import InvalidInput
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -67,7 +67,7 @@ def _out_dir(args: argparse.Namespace, topo: Topology, runtime: str) -> Path:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    from services.loadgen.service import write_outputs
+    from services.loadgen.runtime import write_outputs
     from services.loadgen.summary import format_table
     from services.sim.runtime import SimRun
 

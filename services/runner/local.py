@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.common.errors import Unavailable
-from services.common.topology import ROOT, Topology
+from services.config.topology import ROOT, Topology
+from services.model.errors import Unavailable
 
 PR_SET_PDEATHSIG = 1
 # the runner forks service processes while its own gRPC client (health checks) is alive
@@ -99,7 +99,7 @@ class LocalRun:
     def _wait_healthy(self, p: Proc) -> None:
         import asyncio
 
-        from services.common.grpcutil import wait_healthy
+        from services.runtime.grpcutil import wait_healthy
 
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:

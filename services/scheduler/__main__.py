@@ -8,8 +8,8 @@ import logging
 import os
 import sys
 
-from services.common.errors import GeoServeError, InvalidInput
-from services.common.metrics import add_metrics_args
+from services.model.errors import GeoServeError, InvalidInput
+from services.runtime.metrics import add_metrics_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,10 +53,10 @@ def parse_kv(text: str, field: str) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = build_parser().parse_args(argv)
-    from services.common.clock import WallClock
-    from services.common.grpcutil import parse_addr_map
-    from services.common.metrics import SchedulerMetrics, metrics_port, serve_metrics
-    from services.common.topology import load_topology
+    from services.config.topology import load_topology
+    from services.runtime.clock import WallClock
+    from services.runtime.grpcutil import parse_addr_map
+    from services.runtime.metrics import SchedulerMetrics, metrics_port, serve_metrics
     from services.scheduler.server import SchedulerRuntime, serve
 
     try:

@@ -34,8 +34,8 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from services.common.state import RequestView, SnapshotView
-from services.common.topology import DcSpec, SchedulerSpec
+from services.config.topology import DcSpec, SchedulerSpec
+from services.model.state import RequestView, SnapshotView
 from services.scheduler.policies.base import DecisionStats, Policy, zero_clock
 
 Clock = Callable[[], float]

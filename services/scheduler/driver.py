@@ -26,9 +26,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from services.common.clock import Cancellable, Clock
-from services.common.state import RequestView, latencies
-from services.common.topology import Topology
+from services.config.topology import Topology
+from services.model.state import RequestView, latencies
+from services.runtime.clock import Cancellable, Clock
 from services.scheduler.core import Dispatch, SchedulerCore
 
 NO_DC = "no datacenter can serve the request"

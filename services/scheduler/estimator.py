@@ -59,15 +59,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from services.common.calibration import (
+from services.config.calibration import (
     Calibration,
     DecodeCoeffs,
     EnergyCoeffs,
     PrefillCoeffs,
     load_calibration,
 )
-from services.common.errors import InvalidInput
-from services.common.state import RequestView, SnapshotView
 from services.datacenter.perfmodel import (
     PerfModel,
     X,
@@ -77,6 +75,8 @@ from services.datacenter.perfmodel import (
     engine_idle_w,
     select,
 )
+from services.model.errors import InvalidInput
+from services.model.state import RequestView, SnapshotView
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]

@@ -31,18 +31,18 @@ from geoserve.v1 import provisioner_pb2_grpc as pgrpc
 from geoserve.v1 import scheduler_pb2 as spb
 from geoserve.v1 import scheduler_pb2_grpc as sgrpc
 
-from services.common.clock import WallClock
-from services.common.grpcutil import (
+from services.config.topology import Topology
+from services.model.state import RequestView
+from services.runtime.clock import WallClock
+from services.runtime.grpcutil import (
     CHANNEL_OPTIONS,
     install_signal_handlers,
     serve_event_stream,
     set_not_serving,
     start_server,
 )
-from services.common.links import StreamLink
-from services.common.metrics import SchedulerMetrics
-from services.common.state import RequestView
-from services.common.topology import Topology
+from services.runtime.links import StreamLink
+from services.runtime.metrics import SchedulerMetrics
 from services.scheduler.core import Dispatch
 from services.scheduler.driver import Journey, SchedulerDriver, core_for_region
 from services.scheduler.summary import scheduler_block

@@ -23,7 +23,7 @@ DC's request count, plans, and applies each plan to the DC core directly
 measured (slot latency) but not charged to emulated time. The summary gets a ``carm`` key.
 
 With ``metrics_csv`` the run also writes the services' Prometheus series (the same
-`services.common.metrics` objects the wall runtime serves) to CSV, sampled every
+`services.runtime.metrics` objects the wall runtime serves) to CSV, sampled every
 provisioner period during the load, at the first event past each period while draining,
 and at the end.
 """
@@ -40,10 +40,8 @@ from typing import Any
 import numpy as np
 from geoserve.v1 import common_pb2 as pb
 
-from services.common.errors import GeoServeError
-from services.common.state import RequestView, latencies
-from services.common.topology import Topology, build_datacenter
-from services.common.vclock import VirtualClock
+from services.config.factory import build_datacenter
+from services.config.topology import Topology
 from services.datacenter.convert import counters_to_proto
 from services.datacenter.dc import Datacenter
 from services.datacenter.driver import DcDriver
@@ -62,9 +60,12 @@ from services.loadgen.summary import (
     occupancy_block,
     summarize,
 )
+from services.model.errors import GeoServeError
+from services.model.state import RequestView, latencies
 from services.provisioner.convert import batch_occupancy, snapshot_to_proto, snapshot_to_view
 from services.provisioner.core import Poll, SnapshotData
 from services.provisioner.driver import ProvisionerDriver, core_for_topology
+from services.runtime.vclock import VirtualClock
 from services.scheduler.core import Dispatch, SchedulerCore
 from services.scheduler.driver import Journey, SchedulerDriver, core_for_region
 from services.scheduler.policies.base import zero_clock
@@ -82,7 +83,7 @@ class _SimMetrics:
     """The services' metrics objects over the virtual runtime's cores, sampled to CSV."""
 
     def __init__(self, run: SimRun, path: Path) -> None:
-        from services.common.metrics import (
+        from services.runtime.metrics import (
             DcMetrics,
             LoadgenMetrics,
             MetricsCsv,

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.common.errors import InvalidInput
-from services.common.topology import ROOT
+from services.config.topology import ROOT
+from services.model.errors import InvalidInput
 
 
 def register(sub: Any) -> None:
@@ -43,7 +43,7 @@ def register(sub: Any) -> None:
 
 def _wall_check(spec: str, out: Path, policies: dict[str, tuple[str, dict[str, Any]]],
                 seed: int, force: bool) -> dict[str, Any] | None:
-    from services.common.topology import load_topology
+    from services.config.topology import load_topology
     from services.sim.runtime import SimRun
 
     if not spec:

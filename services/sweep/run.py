@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.common.topology import load_topology
+from services.config.topology import load_topology
 from services.sim.runtime import SimRun
 
 # (label, policy, config): the policies of paper 1 §V, greedy at three alphas

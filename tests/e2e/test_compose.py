@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.common.topology import load_topology
+from services.config.topology import load_topology
 from services.deploy.compose import env_key
 
 pytestmark = [pytest.mark.docker]

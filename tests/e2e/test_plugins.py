@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from services.common.topology import ROOT, build_ci, load_topology
+from services.config.factory import build_ci
+from services.config.topology import ROOT, load_topology
 from tests.procs import free_port, wait_healthy
 
 EXAMPLES = ROOT / "examples"

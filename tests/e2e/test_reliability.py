@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.common.topology import ROOT, Topology, load_topology
+from services.config.topology import ROOT, Topology, load_topology
 from services.runner.local import LocalRun
 
 _GEOSERVE = Path(sys.executable).parent / "geoserve"

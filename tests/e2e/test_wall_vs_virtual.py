@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from services.common.topology import ROOT, load_topology
+from services.config.topology import ROOT, load_topology
 from services.sim.runtime import SimRun
 
 

@@ -23,7 +23,7 @@ from geoserve.v1 import datacenter_pb2 as dpb
 from geoserve.v1 import datacenter_pb2_grpc as dg
 
 from services.carm.renewables import load_site, site_supply
-from services.common.calibration import load_calibration
+from services.config.calibration import load_calibration
 from services.datacenter.perfmodel import PerfModel
 from tests.procs import ROOT, service
 

@@ -12,7 +12,7 @@ from geoserve.v1 import common_pb2 as pb
 from geoserve.v1 import datacenter_pb2 as dpb
 from geoserve.v1 import datacenter_pb2_grpc as dg
 
-from services.common.calibration import load_calibration
+from services.config.calibration import load_calibration
 from services.datacenter.perfmodel import PerfModel
 from services.datacenter.vdriver import ReplayItem, replay
 from tests.procs import service

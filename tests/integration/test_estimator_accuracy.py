@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.common.topology import load_topology
+from services.config.topology import load_topology
 from services.sim.runtime import SimRun
 
 

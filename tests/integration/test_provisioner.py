@@ -19,10 +19,10 @@ from geoserve.v1 import common_pb2 as pb
 from geoserve.v1 import provisioner_pb2 as ppb
 from geoserve.v1 import provisioner_pb2_grpc as pg
 
-from services.common.clock import WallClock
-from services.common.topology import load_topology
+from services.config.topology import load_topology
 from services.provisioner.core import DcInfo, ProvisionerCore
 from services.provisioner.server import WallProvisioner
+from services.runtime.clock import WallClock
 from tests.procs import ROOT, free_port, service
 
 TOPOLOGY = """\

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from services.common.calibration import Calibration, load_calibration, parse_calibration
+from services.config.calibration import Calibration, load_calibration, parse_calibration
 from services.datacenter.engine import (
     DECODE,
     PREFILL,

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.common.errors import ConfigError, InvalidInput
 from services.loadgen.arrivals import (
     DEFAULT_TRACE_DIR,
     available,
@@ -20,6 +19,7 @@ from services.loadgen.arrivals import (
     replay_arrivals,
     trace_arrival_times,
 )
+from services.model.errors import ConfigError, InvalidInput
 
 
 def file_arrivals(name: str) -> np.ndarray:

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from services.calibrate import roofline as rl
-from services.common.calibration import list_setups, load_calibration, parse_calibration
-from services.common.errors import ConfigError, InvalidInput
+from services.config.calibration import list_setups, load_calibration, parse_calibration
 from services.datacenter.perfmodel import (
     PerfModel,
     decode_energy_arr,
@@ -18,6 +17,7 @@ from services.datacenter.perfmodel import (
     prefill_energy_arr,
     prefill_time_arr,
 )
+from services.model.errors import ConfigError, InvalidInput
 
 PAPER_SETUPS = {
     "a100-40gb/llama-3.1-8b-tp1": 40,

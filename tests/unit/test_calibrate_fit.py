@@ -7,7 +7,7 @@ import pytest
 
 from services.calibrate import fit as fitmod
 from services.calibrate.csvio import write_rows
-from services.common.errors import ConfigError, InvalidInput
+from services.model.errors import ConfigError, InvalidInput
 
 # Chosen "true" coefficients (not taken from any shipped file).
 TRUE_PRE = dict(b0=0.011, b1=0.0004, b2=1.5e-9, s_lo=3.0e-5, s_hi=7.0e-5, knee=300.0)
@@ -101,7 +101,7 @@ def test_merge_keeps_base_and_loads(tmp_path):
 
     import yaml
 
-    from services.common.calibration import load_calibration, parse_calibration
+    from services.config.calibration import load_calibration, parse_calibration
 
     base = yaml.safe_load(Path(load_calibration("a100-40gb/llama-3.1-8b-tp1").path).read_text())
     rng = np.random.default_rng(3)

@@ -12,9 +12,9 @@ from services.calibrate import validate as val
 from services.calibrate.csvio import write_rows
 from services.calibrate.workload import CNN_DAILYMAIL, poisson_stream
 from services.cli import main
-from services.common.calibration import load_calibration
-from services.common.errors import ConfigError
+from services.config.calibration import load_calibration
 from services.datacenter.vdriver import replay
+from services.model.errors import ConfigError
 
 SETUP = "a100-40gb/llama-3.1-8b-tp1"
 
@@ -93,7 +93,7 @@ def test_cli_roofline_and_fit_round_trip(tmp_path, capsys):
     out = tmp_path / "h100.yaml"
     assert main(["calibrate", "roofline", "--gpu", "h100", "--model", "llama-3.1-8b",
                  "--out", str(out)]) == 0
-    from services.common.calibration import load_calibration_file
+    from services.config.calibration import load_calibration_file
 
     cal = load_calibration_file(out)
     assert cal.derived == "roofline" and cal.gpu == "h100-80gb"

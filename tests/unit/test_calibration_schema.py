@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import yaml
 
-from services.common.calibration import (
+from services.config.calibration import (
     list_setups,
     load_calibration,
     load_calibration_file,
     parse_calibration,
 )
-from services.common.errors import ConfigError, InvalidInput
 from services.datacenter.perfmodel import PerfModel
+from services.model.errors import ConfigError, InvalidInput
 
 from .conftest import TINY_CAL, tiny_cal_dict
 

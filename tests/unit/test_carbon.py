@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.common.carbon import (
+from services.model.carbon import (
     ConstantCI,
     HourlyTraceCI,
     ci_source_from_config,
@@ -15,7 +15,7 @@ from services.common.carbon import (
     load_ci_trace,
     trace_zones,
 )
-from services.common.errors import ConfigError, InvalidInput, UsageError
+from services.model.errors import ConfigError, InvalidInput, UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 EUROPE = REPO / "data" / "carbon" / "ci_hourly_2022_lca_emaps_europe.csv"

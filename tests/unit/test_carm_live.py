@@ -18,9 +18,9 @@ from services.carm.controller import CarmController, DcSite
 from services.carm.live import CarmLive
 from services.carm.profiles import load_profiles
 from services.carm.renewables import load_site, site_supply
-from services.common.calibration import load_calibration
-from services.common.errors import ConfigError, InvalidInput
-from services.common.topology import load_topology
+from services.config.calibration import load_calibration
+from services.config.topology import load_topology
+from services.model.errors import ConfigError, InvalidInput
 from services.sim.runtime import SimRun
 
 SETUP = "a100-40gb/llama-3.1-8b-tp1"

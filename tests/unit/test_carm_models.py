@@ -8,7 +8,7 @@ import pytest
 from services.carm import models
 from services.carm.profiles import load_profiles
 from services.carm.renewables import load_site, pv_power_w, site_supply, slot_energy_j
-from services.common.errors import InvalidInput
+from services.model.errors import InvalidInput
 
 PAPER_MODELS = ("vgg16", "inceptionv4", "resnet152", "stochasticdepth101")
 

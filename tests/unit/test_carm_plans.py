@@ -15,7 +15,7 @@ from services.carm.evaluate import evaluate
 from services.carm.models import epochs_per_slot
 from services.carm.profiles import load_profiles
 from services.carm.workload import paper_instance
-from services.common.errors import InvalidInput
+from services.model.errors import InvalidInput
 
 OPTS = milp.MilpOptions(time_limit_s=20.0, mip_rel_gap=1e-6)
 

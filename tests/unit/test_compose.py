@@ -18,10 +18,10 @@ import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.common.errors import InvalidInput
-from services.common.healthprobe import probe
-from services.common.topology import load_topology
+from services.config.topology import load_topology
 from services.deploy import compose, swap
+from services.model.errors import InvalidInput
+from services.runtime.healthprobe import probe
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = "topologies/small.yaml"
@@ -103,7 +103,7 @@ def test_grpc_health_checks_and_loadgen_has_none(model):
             assert svc["healthcheck"] == {"disable": True}
         elif _is_geoserve(name):
             hc = svc["healthcheck"]
-            assert hc["test"] == ["CMD", "python", "-m", "services.common.healthprobe"]
+            assert hc["test"] == ["CMD", "python", "-m", "services.runtime.healthprobe"]
             assert hc["start_period"] and hc["retries"] >= 1
         else:  # prometheus, grafana: HTTP readiness
             assert svc["healthcheck"]["test"][:2] == ["CMD", "wget"]
@@ -225,7 +225,7 @@ def test_carm_section_adds_the_carm_service_before_the_provisioner(tmp_path, sma
     assert _healthy_deps(svcs["provisioner"]) == dcs | {"carm"}
     assert svcs["carm"]["environment"]["DC_ADDRS"] == (
         svcs["provisioner"]["environment"]["DC_ADDRS"])
-    assert svcs["carm"]["healthcheck"]["test"][-1] == "services.common.healthprobe"
+    assert svcs["carm"]["healthcheck"]["test"][-1] == "services.runtime.healthprobe"
 
 
 def test_env_key():
@@ -329,7 +329,7 @@ def test_entrypoint_env_and_flags_win(entry_env, tmp_path):
 
 
 def test_entrypoint_dispatch(entry_env):
-    assert _entry(entry_env, "healthprobe", "h:1") == ["-m", "services.common.healthprobe",
+    assert _entry(entry_env, "healthprobe", "h:1") == ["-m", "services.runtime.healthprobe",
                                                       "h:1"]
     assert _entry(entry_env, "python", "-V") == ["-V"]          # any other command
     assert "datacenter|scheduler|provisioner|loadgen|carm" in "\n".join(
@@ -353,7 +353,7 @@ def test_healthprobe_against_a_real_health_server():
         assert probe(addr, timeout_s=5) == (False, "NOT_SERVING")
         ok, why = probe(addr, service="geoserve.v1.Nope", timeout_s=5)
         assert not ok and why.startswith("NOT_FOUND")
-        cli = [sys.executable, "-m", "services.common.healthprobe"]
+        cli = [sys.executable, "-m", "services.runtime.healthprobe"]
         servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         assert subprocess.run([*cli, addr], cwd=ROOT, timeout=30).returncode == 0
         env = {**os.environ, "PORT": str(port)}

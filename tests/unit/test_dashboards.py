@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.common.topology import ROOT, load_topology
+from services.config.topology import ROOT, load_topology
 from services.deploy.dashboards import DASHBOARDS, dashboard, generated_files, panel_queries
 from services.deploy.prometheus import (
     compose_targets,

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.common.errors import ConfigError, InvalidInput
 from services.loadgen.datasets import (
     DEFAULT_TRACE_DIR,
     TraceDataset,
@@ -16,6 +15,7 @@ from services.loadgen.datasets import (
     clipped_lognormal_mean,
     get_dataset,
 )
+from services.model.errors import ConfigError, InvalidInput
 
 # Paper 1 §V-A/§V-C: the expectation, not the code's numbers.
 PAPER_MEANS = {

@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.common.calibration import Calibration, parse_calibration
-from services.common.carbon import ConstantCI
-from services.common.errors import InvalidInput, Unavailable
-from services.common.vclock import VirtualClock
+from services.config.calibration import Calibration, parse_calibration
 from services.datacenter.dc import Datacenter, DcConfig
 from services.datacenter.driver import DcDriver
 from services.datacenter.engine import EngineRequest, Finished
+from services.model.carbon import ConstantCI
+from services.model.errors import InvalidInput, Unavailable
+from services.runtime.vclock import VirtualClock
 
 J_PER_KWH = 3.6e6
 

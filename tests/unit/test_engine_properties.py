@@ -32,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.common.calibration import Calibration, DecodeCoeffs, PrefillCoeffs
+from services.config.calibration import Calibration, DecodeCoeffs, PrefillCoeffs
 from services.datacenter.engine import DECODE, PREFILL, Engine, EngineConfig
 
 from .conftest import TINY_CAL, run_engine, tiny_cal_dict

@@ -12,8 +12,7 @@ import math
 
 import pytest
 
-from services.common.calibration import Calibration
-from services.common.errors import CapacityExceeded, InvalidInput, UsageError
+from services.config.calibration import Calibration
 from services.datacenter.engine import (
     DECODE,
     PREFILL,
@@ -25,6 +24,7 @@ from services.datacenter.engine import (
 )
 from services.datacenter.perfmodel import PerfModel
 from services.datacenter.vdriver import ReplayItem, replay
+from services.model.errors import CapacityExceeded, InvalidInput, UsageError
 
 from .conftest import check_engine_invariants, run_engine
 

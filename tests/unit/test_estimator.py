@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.common.calibration import load_calibration
-from services.common.state import DcView, RequestView, SnapshotView
+from services.config.calibration import load_calibration
 from services.datacenter.perfmodel import PerfModel
+from services.model.state import DcView, RequestView, SnapshotView
 from services.scheduler.estimator import DcArrays, Estimator, EstimatorConfig
 
 SETUP = "a100-40gb/llama-3.1-8b-tp1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from services.common.grpcutil import serve_event_stream
+from services.runtime.grpcutil import serve_event_stream
 
 
 @dataclass

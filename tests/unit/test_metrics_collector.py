@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.common.errors import InvalidInput
-from services.common.metrics import StateCollector, serve_metrics
+from services.model.errors import InvalidInput
+from services.runtime.metrics import StateCollector, serve_metrics
 from tests.procs import free_port
 
 

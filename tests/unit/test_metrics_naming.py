@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from prometheus_client.core import Metric
 
-from services.common.metrics import (
+from services.config.topology import load_topology
+from services.provisioner.core import DcInfo, ProvisionerCore
+from services.runtime.metrics import (
     LoadgenMetrics,
     ProvisionerMetrics,
     metrics_port,
 )
-from services.common.topology import load_topology
-from services.provisioner.core import DcInfo, ProvisionerCore
 from services.sim.runtime import SimRun
 
 ALLOWED_LABELS = {"region", "dc", "engine", "policy", "model", "status", "component",
@@ -270,7 +270,7 @@ def test_metrics_port_from_flag_then_env(flag: int | None, env: dict[str, str],
 ])
 def test_bad_metrics_port_names_its_source(flag: int | None, env: dict[str, str],
                                            field: str) -> None:
-    from services.common.errors import InvalidInput
+    from services.model.errors import InvalidInput
 
     with pytest.raises(InvalidInput) as exc:
         metrics_port(flag, env)

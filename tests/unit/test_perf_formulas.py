@@ -19,9 +19,8 @@ import numpy as np
 import pytest
 
 from services.calibrate.fit import DecodeFit, PrefillFit
-from services.common.calibration import Calibration
-from services.common.state import DcView, RequestView, SnapshotView
-from services.common.topology import DcSpec, SchedulerSpec
+from services.config.calibration import Calibration
+from services.config.topology import DcSpec, SchedulerSpec
 from services.datacenter.perfmodel import (
     PerfModel,
     decode_energy_arr,
@@ -29,6 +28,7 @@ from services.datacenter.perfmodel import (
     prefill_energy_arr,
     prefill_time_arr,
 )
+from services.model.state import DcView, RequestView, SnapshotView
 from services.scheduler.core import SchedulerCore
 from services.scheduler.estimator import DcArrays, Estimator, project_dispatches
 from services.scheduler.policies.base import Decision, Policy

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from services.common.errors import InvalidInput, UsageError
-from services.common.state import DcView, RequestView, SnapshotView
+from services.model.errors import InvalidInput, UsageError
+from services.model.state import DcView, RequestView, SnapshotView
 from services.scheduler.policies import available, get_policy, policy_spec
 from services.scheduler.policies import registry as reg
 from services.scheduler.policies.base import NO_FEASIBLE, Decision, Policy, PolicyDeps

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from services.common.calibration import load_calibration
-from services.common.state import DcView, RequestView, SnapshotView
+from services.config.calibration import load_calibration
 from services.datacenter.perfmodel import PerfModel
+from services.model.state import DcView, RequestView, SnapshotView
 from services.scheduler.estimator import DcArrays, Estimator
 from services.scheduler.policies import get_policy
 from services.scheduler.policies.base import BUDGET, NO_CAPACITY, SOLVER_FAILED

@@ -11,7 +11,7 @@ from geoserve.v1 import common_pb2 as pb
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common.errors import InvalidInput, UsageError
+from services.model.errors import InvalidInput, UsageError
 from services.provisioner import convert
 from services.provisioner.core import DcInfo, ProvisionerCore
 

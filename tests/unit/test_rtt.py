@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from services.common.errors import ConfigError, InvalidInput
-from services.common.rtt import (
+from services.config.rtt import (
     DEFAULT_RTT_PATH,
     PAPER_REGIONS,
     load_rtt_matrix,
     region_rtt,
     rtt_array,
 )
+from services.model.errors import ConfigError, InvalidInput
 
 
 def raw_ms(src: str, dst: str) -> float:

@@ -1,10 +1,13 @@
 """DESIGN §1.1: cores never import grpc, asyncio, time, prometheus_client or random.
 
-Every module under services/ is checked (so a new core module is covered the day it is
-added) except the runtime modules listed in RUNTIME_MODULES, which own the I/O and the
-clocks. A module whose name matches a runtime pattern (a gRPC ``server.py`` or a
-``__main__.py``) is a runtime too. The cores named in the design must exist and must never
-be on the runtime list.
+A folder rule, so a new module is covered the day it is added: every module under
+services/ is a core and is checked, except
+* the runtime folders (`RUNTIME_DIRS`): the shared runtime helpers (clocks, gRPC,
+  metrics), the local runner, the virtual runtime, sweeps and deployment tooling;
+* a component's runtime modules, by name (`RUNTIME_NAMES`): its gRPC ``server.py``, its
+  process ``__main__.py``, its command line ``cli.py``, its wall ``runtime.py``.
+The shared pure folders (`services/model`, `services/config`) and the drivers must be
+checked: they must never match a runtime rule.
 """
 
 from __future__ import annotations
@@ -19,45 +22,26 @@ SERVICES = ROOT / "services"
 
 FORBIDDEN = {"grpc", "asyncio", "time", "prometheus_client", "random"}
 
-# Runtime modules: allowed to do I/O, sleep, read the wall clock, talk gRPC.
-RUNTIME_MODULES = {
-    "services/cli.py",
-    "services/common/clock.py",       # wall clock + asyncio sleeping
-    "services/common/grpcutil.py",    # channels, servers, health, interceptors
-    "services/common/links.py",       # persistent gRPC stream links
-    "services/loadgen/service.py",    # load generator process (wall runtime)
-    "services/runner/cli.py",         # geoserve run / sim
-    "services/runner/local.py",       # processes on loopback
-    "services/sim/runtime.py",        # virtual runtime: measures solver time, charges it
-    "services/common/metrics.py",     # Prometheus registry and HTTP exposition
-    "services/common/healthprobe.py",  # gRPC health probe (container health checks)
-    "services/sweep/run.py",          # worker processes of a sweep
-    "services/sweep/cli.py",          # geoserve sweep (spawns geoserve run)
-    "services/sweep/report.py",       # report writing
-    "services/deploy/swap.py",        # Docker SDK
-    "services/deploy/compose.py",     # compose file generation
-    "services/deploy/cli.py",
-}
-RUNTIME_NAMES = {"server.py", "__main__.py"}
+RUNTIME_DIRS = ("services/runtime/", "services/runner/", "services/sim/", "services/sweep/",
+                "services/deploy/")
+RUNTIME_NAMES = {"server.py", "__main__.py", "cli.py", "runtime.py"}
 
-# Cores named in the design / issue: must exist and be sans-IO.
+# Folders and modules that must stay cores (must exist, must be checked).
+REQUIRED_CORE_DIRS = ["services/model", "services/config"]
 REQUIRED_CORES = [
     "services/datacenter/engine.py",
     "services/datacenter/dc.py",
     "services/datacenter/perfmodel.py",
-    "services/common/calibration.py",
-    "services/common/state.py",
-    "services/common/vclock.py",
-    "services/common/errors.py",
-]
-# Cores that are checked whenever they exist (other issues add them).
-OPTIONAL_CORE_GLOBS = [
+    "services/datacenter/driver.py",
+    "services/provisioner/core.py",
+    "services/provisioner/driver.py",
+    "services/scheduler/core.py",
+    "services/scheduler/driver.py",
     "services/scheduler/estimator.py",
-    "services/scheduler/policies/*.py",
-    "services/carm/*.py",
-    "services/common/carbon.py",
-    "services/loadgen/datasets.py",
-    "services/loadgen/arrivals.py",
+    "services/config/calibration.py",
+    "services/config/topology.py",
+    "services/model/state.py",
+    "services/model/errors.py",
 ]
 
 
@@ -66,7 +50,7 @@ def rel(p: Path) -> str:
 
 
 def is_runtime(relpath: str) -> bool:
-    return relpath in RUNTIME_MODULES or Path(relpath).name in RUNTIME_NAMES
+    return relpath.startswith(RUNTIME_DIRS) or Path(relpath).name in RUNTIME_NAMES
 
 
 def checked_modules() -> list[str]:
@@ -95,22 +79,20 @@ def forbidden_imports(source: str, filename: str) -> list[str]:
     return hits
 
 
-def test_required_cores_exist_and_are_not_runtimes() -> None:
+def test_required_cores_exist_and_are_checked() -> None:
+    checked = checked_modules()
     for m in REQUIRED_CORES:
         assert (ROOT / m).is_file(), m
-        assert not is_runtime(m)
-        assert m in checked_modules()
-    for pattern in OPTIONAL_CORE_GLOBS:
-        for p in ROOT.glob(pattern):
-            r = rel(p)
-            if p.name not in RUNTIME_NAMES:
-                assert r not in RUNTIME_MODULES, f"{r} is a core, not a runtime"
-                assert r in checked_modules()
+        assert m in checked, f"{m} must be a core"
+    for d in REQUIRED_CORE_DIRS:
+        mods = [rel(p) for p in (ROOT / d).rglob("*.py")]
+        assert mods, d
+        assert all(m in checked for m in mods), d
 
 
-def test_runtime_list_has_no_stale_entries() -> None:
-    for m in RUNTIME_MODULES:
-        assert (ROOT / m).is_file(), f"{m} listed as a runtime module but does not exist"
+def test_runtime_dirs_exist() -> None:
+    for d in RUNTIME_DIRS:
+        assert (ROOT / d).is_dir(), f"{d} listed as a runtime folder but does not exist"
 
 
 @pytest.mark.parametrize("module", checked_modules())

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from services.common.state import DcView, RequestView, SnapshotView
-from services.common.topology import DcSpec, SchedulerSpec
+from services.config.topology import DcSpec, SchedulerSpec
+from services.model.state import DcView, RequestView, SnapshotView
 from services.scheduler.core import SchedulerCore
 from services.scheduler.policies.base import Decision, Policy
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.common.topology import ROOT
+from services.config.topology import ROOT
 
 
 def test_sweep_runs_points_and_the_peer_projection_ablation(tmp_path: Path) -> None:

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from services.common.errors import ConfigError, GeoServeError, InvalidInput
-from services.common.topology import ROOT, TOPOLOGY_DIR, Topology, load_topology
+from services.config.topology import ROOT, TOPOLOGY_DIR, Topology, load_topology
+from services.model.errors import ConfigError, GeoServeError, InvalidInput
 
 _GEOSERVE = Path(sys.executable).parent / "geoserve"
 # the installed console script; `python -m services.cli` where it is not installed

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.common.state import RequestView, SnapshotView
+from services.model.state import RequestView, SnapshotView
 from services.scheduler.policies.base import Decision, Policy
 from services.scheduler.policies.registry import NoConfig, PolicySpec
 

@@ -32,7 +32,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from services.common.state import RequestView, SnapshotView
+from services.model.state import RequestView, SnapshotView
 from services.scheduler.estimator import Estimates, Estimator, RequestArrays
 from services.scheduler.policies.solver import (
     BoolArray,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.common.state import RequestView, SnapshotView
+from services.model.state import RequestView, SnapshotView
 from services.scheduler.estimator import Estimates
 from services.scheduler.policies.base import (
     NO_FEASIBLE,

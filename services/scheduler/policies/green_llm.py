@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.common.state import RequestView, SnapshotView
+from services.model.state import RequestView, SnapshotView
 from services.scheduler.estimator import DcArrays, FloatArray
 from services.scheduler.policies.base import (
     BUDGET,

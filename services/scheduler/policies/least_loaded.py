@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from services.common.state import RequestView, SnapshotView
+from services.model.state import RequestView, SnapshotView
 from services.scheduler.policies.base import Decision, Policy, PolicyDeps
 from services.scheduler.policies.registry import register
 

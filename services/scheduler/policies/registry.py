@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from services.common.errors import InvalidInput, UsageError
+from services.model.errors import InvalidInput, UsageError
 from services.scheduler.estimator import Estimator
 from services.scheduler.policies.base import Clock, Policy, PolicyDeps, zero_clock
 

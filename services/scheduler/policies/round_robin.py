@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from services.common.state import RequestView, SnapshotView
+from services.model.state import RequestView, SnapshotView
 from services.scheduler.policies.base import (
     Decision,
     Policy,

@@ -30,7 +30,7 @@ import highspy
 import numpy as np
 import numpy.typing as npt
 
-from services.common.highs import new_highs
+from services.model.highs import new_highs
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]

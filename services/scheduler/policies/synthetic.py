@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.common.state import DcView, RequestView, SnapshotView
+from services.model.state import DcView, RequestView, SnapshotView
 
 DEFAULT_SETUP = "a100-40gb/llama-3.1-8b-tp1"
 

@@ -1,4 +1,4 @@
-"""``python -m services.common.healthprobe [ADDR]``: exit 0 when a gRPC server is SERVING.
+"""``python -m services.runtime.healthprobe [ADDR]``: exit 0 when a gRPC server is SERVING.
 
 A tiny client of the standard gRPC health service (``grpc.health.v1.Health/Check``) for
 container health checks (compose ``healthcheck``, Kubernetes ``exec`` probes), where no
@@ -15,7 +15,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m services.common.healthprobe",
+    p = argparse.ArgumentParser(prog="python -m services.runtime.healthprobe",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("address", nargs="?", default=None,

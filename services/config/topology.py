@@ -8,7 +8,7 @@ Rules
 * Defaults follow paper 1 Table II: SLO TTFT 3 s / TPOT 100 ms, Δp = 1 s sync polling,
   Δw = 100 ms or 300 requests, PUE 1.1, 4 nodes x 8 GPUs per DC.
 * The RTT matrix comes from the CloudPing p50 file through each region's ``aws_region``
-  (``services.common.rtt``); ``network.rtt_ms`` entries override single pairs.
+  (``services.config.rtt``); ``network.rtt_ms`` entries override single pairs.
 * Carbon intensity per DC: ``{constant: g}`` or an hourly Electricity Maps trace
   (``{trace: auto|path, zone: NL, start_hour: ...}``); ``ci_start_hour`` at the top level is
   the default start hour of every trace.
@@ -32,8 +32,8 @@ from typing import Any
 
 import yaml
 
-from services.common.calibration import load_calibration
-from services.common.errors import ConfigError, InvalidInput
+from services.config.calibration import load_calibration
+from services.model.errors import ConfigError, InvalidInput
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY_DIR = ROOT / "topologies"
@@ -54,7 +54,7 @@ class DcSpec:
     gpus_per_node: int
     setup: str
     pue: float
-    ci: Any                       # raw CI config, built by services.common.carbon
+    ci: Any                       # raw CI config, built by services.model.carbon
     routing: str = "round-robin"
     max_queue_per_engine: int = 4096
 
@@ -522,7 +522,7 @@ def _carm(v: _V, raw: Any, dc_names: list[str]) -> CarmSpec:
 
 def parse_topology(data: Any, path: str) -> Topology:
     """Validate a parsed topology mapping; errors name `path` and the key path."""
-    from services.common.rtt import load_rtt_matrix, region_rtt
+    from services.config.rtt import load_rtt_matrix, region_rtt
 
     v = _V(path)
     top = v.mapping(data, "")
@@ -659,6 +659,8 @@ def parse_topology(data: Any, path: str) -> Topology:
         carm=_carm(v, top["carm"], [d.name for r in regions for d in r.dcs])
         if top.get("carm") is not None else None,
     )
+    from services.config.factory import build_ci
+
     for d in topo.dcs:  # build every CI source once so bad traces fail at load time
         build_ci(topo, d)
     return topo
@@ -678,42 +680,3 @@ def load_topology(path: str | Path) -> Topology:
     except yaml.YAMLError as exc:
         raise ConfigError(str(p), "", f"not valid YAML: {exc}") from exc
     return parse_topology(data, str(p))
-
-
-def build_ci(topo: Topology, dc: DcSpec) -> Any:
-    """The DC's carbon-intensity source (``services.common.carbon``)."""
-    from services.common.carbon import ci_source_from_config
-
-    raw = dc.ci
-    if isinstance(raw, Mapping) and "trace" in raw:
-        raw = dict(raw)
-        raw.setdefault("zone", dc.zone)
-        raw.setdefault("start_hour", topo.ci_start_hour)
-    key = f"{dc.name}.ci"
-    for i, r in enumerate(topo.regions):
-        for j, d in enumerate(r.dcs):
-            if d.name == dc.name:
-                key = f"regions[{i}].dcs[{j}].ci"
-    return ci_source_from_config(raw, key, source=topo.path, base_dir=ROOT)
-
-
-def build_datacenter(topo: Topology, name: str, start_s: float = 0.0) -> Any:
-    """A `services.datacenter.dc.Datacenter` core for DC `name` of the topology."""
-    from services.datacenter.dc import Datacenter, DcConfig
-
-    d = topo.dc(name)
-    cal = load_calibration(d.setup)
-    cfg = DcConfig(
-        name=d.name,
-        region=d.region,
-        zone=d.zone,
-        nodes=d.nodes,
-        gpus_per_node=d.gpus_per_node,
-        setup=d.setup,
-        pue=d.pue,
-        routing=d.routing,
-        max_queue_per_engine=d.max_queue_per_engine,
-        faithful_lateness_s=topo.faithful_lateness_s,
-        renewable_ci_g_per_kwh=topo.carm.renewable_g_per_kwh if topo.carm else 0.0,
-    )
-    return Datacenter(cfg, cal, build_ci(topo, d), start_s=start_s)

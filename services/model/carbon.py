@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from services.common.errors import ConfigError, InvalidInput, UsageError
+from services.model.errors import ConfigError, InvalidInput, UsageError
 
 SECONDS_PER_HOUR = 3600.0
 TIME_COLUMN = "datetime_utc"

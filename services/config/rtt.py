@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.common.errors import ConfigError, InvalidInput
+from services.model.errors import ConfigError, InvalidInput
 
 DEFAULT_RTT_PATH = (
     Path(__file__).resolve().parents[2] / "data" / "network"

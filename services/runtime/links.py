@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from services.common.grpcutil import CHANNEL_OPTIONS
+from services.runtime.grpcutil import CHANNEL_OPTIONS
 
 log = logging.getLogger("geoserve.links")
 

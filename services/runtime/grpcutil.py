@@ -1,6 +1,6 @@
 """gRPC runtime helpers: server assembly, error mapping, health, shutdown, addresses.
 
-* `ErrorMappingInterceptor` maps domain errors (`services.common.errors`) raised by unary
+* `ErrorMappingInterceptor` maps domain errors (`services.model.errors`) raised by unary
   handlers to status codes: InvalidInput -> INVALID_ARGUMENT, CapacityExceeded ->
   RESOURCE_EXHAUSTED, Unavailable -> UNAVAILABLE, UsageError -> FAILED_PRECONDITION.
 * `start_server` adds the standard health service (aio servicer) and reflection.
@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from services.common.errors import GeoServeError, InvalidInput
+from services.model.errors import GeoServeError, InvalidInput
 
 STATUS = {
     "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,

@@ -38,7 +38,7 @@ from typing import Any, Generic, TypeVar
 
 import yaml
 
-from services.common.errors import ConfigError
+from services.model.errors import ConfigError
 
 CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "calibration"
 

@@ -36,10 +36,7 @@ from geoserve.v1 import provisioner_pb2_grpc as pgrpc
 from geoserve.v1 import scheduler_pb2 as spb
 from geoserve.v1 import scheduler_pb2_grpc as sgrpc
 
-from services.common.clock import WallClock
-from services.common.grpcutil import CHANNEL_OPTIONS
-from services.common.metrics import LoadgenMetrics
-from services.common.topology import Topology
+from services.config.topology import Topology
 from services.loadgen.plan import PlannedRequest, plan_requests
 from services.loadgen.records import COMPLETED, FAILED, REJECTED, RecordRow, write_csv
 from services.loadgen.summary import (
@@ -50,6 +47,9 @@ from services.loadgen.summary import (
     summarize,
 )
 from services.provisioner.convert import window_stats_from_proto
+from services.runtime.clock import WallClock
+from services.runtime.grpcutil import CHANNEL_OPTIONS
+from services.runtime.metrics import LoadgenMetrics
 from services.scheduler.summary import block_from_info
 
 STATE_NAMES = {pb.COMPLETED: COMPLETED, pb.REJECTED: REJECTED, pb.FAILED: FAILED}

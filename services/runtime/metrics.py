@@ -44,7 +44,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from services.common.errors import InvalidInput
+from services.model.errors import InvalidInput
 
 if TYPE_CHECKING:
     from services.datacenter.dc import Datacenter

@@ -7,7 +7,7 @@ Rules
 * ``run(until)`` pops events in order, setting ``now()`` to each event's time, and stops
   when the heap is empty or the next event is after ``until`` (``now()`` is then
   ``until``).
-* It implements `services.common.clock.Clock`, as the wall clock does.
+* It implements `services.runtime.clock.Clock`, as the wall clock does.
 * Callbacks may schedule more events. Cancelled handles are skipped.
 """
 
@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from services.common.errors import UsageError
+from services.model.errors import UsageError
 
 
 class Handle:

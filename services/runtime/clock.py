@@ -11,7 +11,7 @@ which clock it runs on — as SimPy's `RealtimeEnvironment` only overrides ``ste
   epoch, so their emulated clocks agree. ``call_at`` goes through the running asyncio
   loop; `sleep_until` returns how late the wake-up was (emulated seconds) — the overrun
   detector's sample.
-* `services.common.vclock.VirtualClock` — an event heap that runs callbacks in time order
+* `services.runtime.vclock.VirtualClock` — an event heap that runs callbacks in time order
   without sleeping.
 """
 
@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from services.common.errors import InvalidInput
+from services.model.errors import InvalidInput
 
 
 class Cancellable(Protocol):
