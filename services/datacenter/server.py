@@ -24,7 +24,8 @@ from services.datacenter.convert import counters_to_proto, failed_record, finish
 from services.datacenter.dc import Datacenter
 from services.datacenter.driver import DcDriver
 from services.datacenter.engine import EngineEvent, EngineRequest, FirstToken
-from services.model.errors import GeoServeError, InvalidInput
+from services.model.errors import AlreadyExists, GeoServeError, InvalidInput
+from services.model.requests import check_request, clipped
 from services.runtime.clock import WallClock
 from services.runtime.grpcutil import (
     install_signal_handlers,
@@ -62,6 +63,7 @@ class WallDcRuntime:
         self.driver = DcDriver(dc, clock, self._dispatch, resync_s)
         self.records: deque[pb.RequestRecord] = deque(maxlen=100_000)
         self.stopped = False
+        self.in_flight_ids: set[str] = set()  # request identity: one request per id at a time
         self.on_completed: Callable[[pb.RequestRecord], None] | None = None  # metrics hook
 
     def start(self) -> None:
@@ -81,7 +83,10 @@ class WallDcRuntime:
         last ``TRANSPORT_COMP_S`` (the emulator's own gRPC hop is not part of the model).
         """
         now = self.clock.now()
-        _check_request(request)
+        check_request(request)
+        if request.id in self.in_flight_ids:
+            raise AlreadyExists("request.id",
+                                f"{request.id!r} is already in flight at this datacenter")
         sent = request.timestamps.dc_arrival_s
         arrival = sent if now - TRANSPORT_COMP_S * self.clock.dilation <= sent <= now else now
         ticket = _Ticket(request, sink, arrival)
@@ -93,6 +98,7 @@ class WallDcRuntime:
             payload=ticket,
         )
         idx = self.driver.submit(ereq, request.model)
+        self.in_flight_ids.add(request.id)
         ticket.engine = self.dc.engines[idx].name
         return idx, now
 
@@ -107,7 +113,7 @@ class WallDcRuntime:
         now = self.clock.now()
         self.dc.rejected += 1
         rec = failed_record(
-            request, pb.REJECTED, str(exc), exc.status_code, self.dc.config.name, now
+            clipped(request), pb.REJECTED, str(exc), exc.status_code, self.dc.config.name, now
         )
         self.records.append(rec)
         return _finished_event(rec, now, self.dc.config.name)
@@ -130,6 +136,7 @@ class WallDcRuntime:
                         )
                     )
             else:
+                self.in_flight_ids.discard(ev.request_id)
                 rec = finished_record(ticket.request, ev.finished, name, ticket.engine)
                 if self.on_completed is not None:
                     self.on_completed(rec)
@@ -139,6 +146,7 @@ class WallDcRuntime:
         now = self.clock.now()
         dropped = self.dc.fail_all(now)
         for idx, req in dropped:
+            self.in_flight_ids.discard(req.id)
             ticket: _Ticket = req.payload
             self.dc.failed += 1
             rec = failed_record(
@@ -152,15 +160,6 @@ class WallDcRuntime:
 def _finished_event(rec: pb.RequestRecord, now: float, dc: str) -> pb.RequestEvent:
     return pb.RequestEvent(kind=pb.FINISHED, request_id=rec.request.id, time_s=now,
                            record=rec, dc=dc)
-
-
-def _check_request(r: pb.Request) -> None:
-    if not r.id:
-        raise InvalidInput("request.id", "must be a non-empty string")
-    if r.isl_tokens < 1:
-        raise InvalidInput("request.isl_tokens", f"must be >= 1, got {r.isl_tokens}")
-    if r.osl_tokens < 1:
-        raise InvalidInput("request.osl_tokens", f"must be >= 1, got {r.osl_tokens}")
 
 
 class DatacenterService(dgrpc.DatacenterServicer):
@@ -182,7 +181,7 @@ class DatacenterService(dgrpc.DatacenterServicer):
 
         async for ev in serve_event_stream(request_iterator, intake,
                                            lambda e: e.kind == pb.FINISHED,
-                                           lambda m: str(m.request.id)):
+                                           lambda m: str(m.request.id), context):
             yield ev
 
     async def Submit(  # noqa: N802

@@ -42,6 +42,12 @@ class ConfigError(InvalidInput):
         super().__init__(f"{path}: {key}" if key else path, message)
 
 
+class AlreadyExists(InvalidInput):
+    """An identifier is already in use (a request id still in flight); names the field."""
+
+    status_code = "ALREADY_EXISTS"
+
+
 class CapacityExceeded(GeoServeError):
     """A queue or admission limit is full."""
 

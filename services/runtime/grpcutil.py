@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Seque
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -24,6 +25,7 @@ from services.model.errors import GeoServeError, InvalidInput
 
 STATUS = {
     "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
+    "ALREADY_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
     "RESOURCE_EXHAUSTED": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
     "FAILED_PRECONDITION": grpc.StatusCode.FAILED_PRECONDITION,
@@ -163,6 +165,7 @@ async def serve_event_stream(
     intake: Callable[[Any, Callable[[Any], None]], Any],
     is_final: Callable[[Any], bool],
     request_id: Callable[[Any], str],
+    context: grpc.aio.ServicerContext | None = None,
 ) -> AsyncIterator[Any]:
     """Serve a stream of requests that answers with a stream of events (the scheduler's
     `Submit`/`Forward`, the DC's `SubmitStream`).
@@ -173,7 +176,8 @@ async def serve_event_stream(
     half-closed and every accepted request has had its final event (`is_final`; events
     name their request in ``request_id``, messages through `request_id(msg)`). Pending
     requests are counted per id, so a refused duplicate never ends the wait for the
-    original."""
+    original. A message that cannot be decoded ends the call at once with
+    ``INVALID_ARGUMENT`` (through `context`), never a hang or a traceback."""
     out: asyncio.Queue[tuple[bool, Any] | None] = asyncio.Queue()
     pending: Counter[str] = Counter()
     reading_done = False
@@ -181,15 +185,20 @@ async def serve_event_stream(
     def sink(ev: Any) -> None:
         out.put_nowait((False, ev))
 
+    bad: list[str] = []
+
     async def reader() -> None:
         nonlocal reading_done
-        async for msg in request_iterator:
-            rid = request_id(msg)
-            pending[rid] += 1
-            refusal = intake(msg, sink)
-            if refusal is not None and not isinstance(refusal, bool):
-                pending[rid] -= 1
-                out.put_nowait((True, refusal))
+        try:
+            async for msg in request_iterator:
+                rid = request_id(msg)
+                pending[rid] += 1
+                refusal = intake(msg, sink)
+                if refusal is not None and not isinstance(refusal, bool):
+                    pending[rid] -= 1
+                    out.put_nowait((True, refusal))
+        except DecodeError as exc:
+            bad.append(f"undecodable request message: {exc}")
         reading_done = True
         out.put_nowait(None)
 
@@ -200,6 +209,10 @@ async def serve_event_stream(
     try:
         while True:
             item = await out.get()
+            if bad:
+                if context is not None:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad[0])
+                raise InvalidInput("request", bad[0])
             if item is not None:
                 refused, ev = item
                 if not refused and is_final(ev):

@@ -31,7 +31,10 @@ from geoserve.v1 import provisioner_pb2_grpc as pgrpc
 from geoserve.v1 import scheduler_pb2 as spb
 from geoserve.v1 import scheduler_pb2_grpc as sgrpc
 
+from services.config.calibration import load_calibration
 from services.config.topology import Topology
+from services.model.errors import InvalidInput
+from services.model.requests import check_request, clipped
 from services.model.state import RequestView
 from services.runtime.clock import WallClock
 from services.runtime.grpcutil import (
@@ -80,6 +83,7 @@ class SchedulerRuntime:
                                       charge=lambda s: s / clock.dilation,
                                       on_decision=self._decided)
         self.entries: dict[str, _Entry] = {}
+        self.models = {load_calibration(d.setup).model for d in topo.dcs}
         self.provisioner = provisioner
         self._tasks: list[asyncio.Task[None]] = []
         self.snapshots = 0
@@ -159,10 +163,14 @@ class SchedulerRuntime:
     def submit(self, req: pb.Request, sink: Sink) -> pb.RequestEvent | None:
         """Accept a request (None) or return the event that refuses it."""
         now = self.clock.now()
+        refusal = self._refusal(req, now)
+        if refusal is not None:
+            return refusal
         rid = req.id
-        if not rid or rid in self.entries:
+        if req.model and req.model not in self.models:
             return _finished(req, pb.REJECTED, "INVALID_ARGUMENT",
-                             "request.id: missing or already in flight", now)
+                             f"request.model: no datacenter of the topology serves "
+                             f"{req.model!r} (served: {sorted(self.models)})", now)
         self.entries[rid] = _Entry(req, sink, origin=True)
         self.driver.submit(RequestView(
             id=rid,
@@ -178,8 +186,28 @@ class SchedulerRuntime:
         return None
 
     def forward_in(self, req: pb.Request, sink: Sink) -> pb.RequestEvent | None:
+        now = self.clock.now()
+        refusal = self._refusal(req, now)
+        if refusal is not None:
+            return refusal
+        if self.core.dc_region.get(req.target_dc) != self.region:
+            return _finished(req, pb.REJECTED, "INVALID_ARGUMENT",
+                             f"request.target_dc: {req.target_dc!r} is not a datacenter of "
+                             f"region {self.region}", now)
         self.entries[req.id] = _Entry(req, sink, origin=False)
         self.driver.forwarded_in(req.id, req.target_dc)
+        return None
+
+    def _refusal(self, req: pb.Request, now: float) -> pb.RequestEvent | None:
+        """The REJECTED event of a request that is malformed or whose id is in flight."""
+        try:
+            check_request(req)
+        except InvalidInput as exc:
+            return _finished(clipped(req), pb.REJECTED, exc.status_code, str(exc), now)
+        if req.id in self.entries:
+            return _finished(req, pb.REJECTED, "ALREADY_EXISTS",
+                             f"request.id: {req.id!r} is already in flight at scheduler "
+                             f"{self.region}", now)
         return None
 
     # ---------------------------------------------------------------- transport
@@ -343,20 +371,21 @@ class SchedulerService(sgrpc.SchedulerServicer):
         self,
         request_iterator: AsyncIterator[pb.Request],
         intake: Callable[[pb.Request, Sink], pb.RequestEvent | None],
+        context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.RequestEvent]:
         return serve_event_stream(request_iterator, intake,
-                                  lambda e: e.kind == pb.FINISHED, lambda m: str(m.id))
+                                  lambda e: e.kind == pb.FINISHED, lambda m: str(m.id), context)
 
     async def Submit(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.Request], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.RequestEvent]:
-        async for ev in self._pump(request_iterator, self.rt.submit):
+        async for ev in self._pump(request_iterator, self.rt.submit, context):
             yield ev
 
     async def Forward(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.Request], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.RequestEvent]:
-        async for ev in self._pump(request_iterator, self.rt.forward_in):
+        async for ev in self._pump(request_iterator, self.rt.forward_in, context):
             yield ev
 
     async def Info(  # noqa: N802
