@@ -212,6 +212,15 @@ class Topology:
                 for r in regions
             )
         if policy is not None or policy_config is not None:
+            for r in regions:
+                try:
+                    check_policy(policy or r.scheduler.policy,
+                                 dict(policy_config or {}) if policy is not None
+                                 else r.scheduler.policy_config)
+                except InvalidInput as exc:
+                    flag = ("--policy" if exc.field == "policy"
+                            else exc.field.replace("policy_config", "--policy-config", 1))
+                    raise InvalidInput(flag, exc.message) from exc
             regions = tuple(
                 dataclasses.replace(
                     r,
@@ -350,8 +359,14 @@ def _scheduler(v: _V, raw: Any, key: str, defaults: Mapping[str, Any]) -> Schedu
     pc = m.get("policy_config", {}) or {}
     v.mapping(pc, f"{key}.policy_config")
     d = _SCHEDULER_DEFAULTS
+    policy = v.text(m, "policy", f"{key}.policy", d.policy)
+    try:
+        check_policy(policy, pc)
+    except InvalidInput as exc:
+        where = f"{key}.policy" if exc.field == "policy" else f"{key}.{exc.field}"
+        raise v.err(where, exc.message) from exc
     return SchedulerSpec(
-        policy=v.text(m, "policy", f"{key}.policy", d.policy),
+        policy=policy,
         policy_config=dict(pc),
         window_s=v.num(m, "window_s", f"{key}.window_s", d.window_s, lo=0.0),
         window_max=v.integer(m, "window_max", f"{key}.window_max", d.window_max, lo=1),
@@ -363,6 +378,14 @@ def _scheduler(v: _V, raw: Any, key: str, defaults: Mapping[str, Any]) -> Schedu
         project_dispatches=flags["project_dispatches"],
         project_peers=flags["project_peers"],
     )
+
+
+def check_policy(policy: str, config: Mapping[str, Any]) -> None:
+    """The policy exists and its settings are valid (raises InvalidInput naming
+    ``policy`` or ``policy_config[.setting]``) — checked before any process starts."""
+    from services.scheduler.policies.registry import REGISTRY
+
+    REGISTRY.make_config(policy, **dict(config))
 
 
 def _dc(v: _V, raw: Any, key: str, region: str, defaults: Mapping[str, Any]) -> DcSpec:

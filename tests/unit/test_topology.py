@@ -375,3 +375,45 @@ def test_cli_missing_topology_exits_2(tmp_path: Path) -> None:
     r = _cli("sim", "--topology", str(p), "--out", str(tmp_path / "out"))
     assert r.returncode == 2, r.stderr
     assert str(p) in r.stderr and "Traceback" not in r.stderr
+
+
+# Policy settings are validated with the topology, before any process starts, and the
+# error names the file and the key path (not a later TypeError in a scheduler's log).
+@pytest.mark.parametrize(("scheduler", "key", "words"), [
+    ({"policy": "no-such-policy"}, "defaults.scheduler.policy", ("unknown policy",)),
+    ({"policy": "greedy", "policy_config": {"alpha": "x"}},
+     "defaults.scheduler.policy_config.alpha", ("expected a number", "'x'")),
+    ({"policy": "greedy", "policy_config": {"alpha": float("nan")}},
+     "defaults.scheduler.policy_config.alpha", ("finite",)),
+    ({"policy": "greedy", "policy_config": {"alpha": 2.0}},
+     "defaults.scheduler.policy_config", ("alpha must be in [0, 1]", "2.0")),
+    ({"policy": "greedy", "policy_config": {"beta": 1}},
+     "defaults.scheduler.policy_config", ("unknown setting", "beta", "alpha")),
+    ({"policy": "facility-milp", "policy_config": {"time_limit_s": True}},
+     "defaults.scheduler.policy_config.time_limit_s", ("expected a number",)),
+], ids=["unknown-policy", "wrong-type", "nan", "out-of-range", "unknown-key", "bool"])
+def test_policy_settings_checked_with_the_topology(tmp_path: Path, scheduler: dict[str, Any],
+                                                   key: str, words: tuple[str, ...]) -> None:
+    path = write(tmp_path, mutated(lambda d: d["defaults"]["scheduler"].update(scheduler)))
+    text = str(load_error(path))
+    assert text.startswith(f"{path}: {key}:"), text
+    for w in words:
+        assert w in text, text
+
+
+def test_policy_override_checked_and_named_by_its_flag() -> None:
+    topo = load_topology("small")
+    with pytest.raises(InvalidInput, match=r"^--policy-config\.alpha: expected a number"):
+        topo.with_overrides(policy="greedy", policy_config={"alpha": "high"})
+    with pytest.raises(InvalidInput, match=r"^--policy: unknown policy 'nope'"):
+        topo.with_overrides(policy="nope")
+
+
+def test_run_refuses_bad_policy_settings_before_starting_anything(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.run([*GEOSERVE, "run", "--topology", "small", "--policy", "greedy",
+                           "--policy-config", "alpha=2", "--duration", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--policy-config: policy 'greedy': alpha must be in [0, 1], got 2" in proc.stderr
+    assert not (out / "logs").exists()  # no service was started

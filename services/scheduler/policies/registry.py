@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -112,17 +113,20 @@ class PolicyRegistry:
         return sorted(self._specs)
 
     def make_config(self, name: str, **config: Any) -> Any:
+        """The policy's config from settings; errors name ``policy_config[.setting]``."""
         spec = self.spec(name)
-        names = {f.name for f in dataclasses.fields(spec.config_cls)}
-        unknown = sorted(set(config) - names)
+        fields = {f.name: f for f in dataclasses.fields(spec.config_cls)}
+        unknown = sorted(set(config) - set(fields))
         if unknown:
             raise InvalidInput(
-                f"policy.{name}", f"unknown setting(s) {unknown}; known: {sorted(names)}"
-            )
+                "policy_config",
+                f"unknown setting(s) {unknown} for policy {name!r}; known: {sorted(fields)}")
+        for key, value in config.items():
+            _check_type(key, str(fields[key].type), value)
         try:
             return spec.config_cls(**config)
         except (TypeError, ValueError) as exc:
-            raise InvalidInput(f"policy.{name}", str(exc)) from exc
+            raise InvalidInput("policy_config", f"policy {name!r}: {exc}") from exc
 
     def get(
         self,
@@ -139,6 +143,25 @@ class PolicyRegistry:
 
 
 REGISTRY = PolicyRegistry()
+
+
+def _check_type(key: str, annotation: str, value: Any) -> None:
+    """A setting's value against its config field's type (float, int, bool, str)."""
+    kind = annotation.replace(" ", "")
+    field = f"policy_config.{key}"
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise InvalidInput(field, f"expected true or false, got {value!r}")
+    elif kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidInput(field, f"expected an integer, got {value!r}")
+    elif kind == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidInput(field, f"expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise InvalidInput(field, f"expected a finite number, got {value!r}")
+    elif kind == "str" and not isinstance(value, str):
+        raise InvalidInput(field, f"expected a string, got {value!r}")
 
 
 def register(
