@@ -24,6 +24,7 @@ Theory of operation
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -213,14 +214,20 @@ class Datacenter:
         return idx
 
     # ------------------------------------------------------------------ control
-    def set_frequency(self, mhz: float) -> float:
+    def set_frequency(self, mhz: float, field: str = "gpu_frequency_mhz") -> float:
+        """Snap to the nearest supported level; a non-finite or non-positive value is
+        refused (it would snap to an end of the range)."""
+        if not (math.isfinite(mhz) and mhz > 0):
+            raise InvalidInput(field, f"expected a finite frequency > 0 MHz, got {mhz}")
         return self.perf.set_frequency(mhz)
 
     def apply_carm(self, now: float, training_w: float, renewable_w: float) -> None:
-        if training_w < 0:
-            raise InvalidInput("training_power_w", f"must be >= 0, got {training_w}")
-        if renewable_w < 0:
-            raise InvalidInput("renewable_supply_w", f"must be >= 0, got {renewable_w}")
+        if not (math.isfinite(training_w) and training_w >= 0):
+            raise InvalidInput("training_power_w",
+                               f"expected a finite number >= 0 W, got {training_w}")
+        if not (math.isfinite(renewable_w) and renewable_w >= 0):
+            raise InvalidInput("renewable_supply_w",
+                               f"expected a finite number >= 0 W, got {renewable_w}")
         self.accrue(now)
         self.training_w = training_w
         self.renewable_w = renewable_w

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -219,10 +220,14 @@ class DatacenterService(dgrpc.DatacenterServicer):
         self, request: dpb.CarmSlotPlan, context: grpc.aio.ServicerContext
     ) -> dpb.CarmSlotAck:
         now = self.rt.clock.now()
+        f = request.gpu_frequency_mhz
+        if not (math.isfinite(f) and f >= 0):  # 0: keep the current level
+            raise InvalidInput("gpu_frequency_mhz",
+                               f"expected a finite frequency >= 0 MHz (0: keep), got {f}")
         self.rt.dc.apply_carm(now, request.training_power_w, request.renewable_supply_w)
         level = self.rt.dc.perf.frequency_mhz
-        if request.gpu_frequency_mhz > 0:
-            level = self.rt.dc.set_frequency(request.gpu_frequency_mhz)
+        if f > 0:
+            level = self.rt.dc.set_frequency(f)
         return dpb.CarmSlotAck(gpu_frequency_mhz=level)
 
     async def Drain(  # noqa: N802

@@ -169,3 +169,30 @@ def test_forward_refuses_an_id_in_flight_and_an_unknown_target_dc(scheduler):
     codes = {(r, c): reason for r, _, c, reason in _finals(fwd)}
     assert ("f1", "ALREADY_EXISTS") in codes
     assert codes[("f2", "INVALID_ARGUMENT")].startswith("request.target_dc")
+
+
+@pytest.mark.parametrize(("call", "field"), [
+    ("SetFrequency", "gpu_frequency_mhz"),
+    ("ApplyCarmPlan", "training_power_w"),
+    ("ApplyCarmPlan", "renewable_supply_w"),
+    ("ApplyCarmPlan", "gpu_frequency_mhz"),
+])
+@pytest.mark.parametrize("value", [math.inf, math.nan, -1.0])
+def test_dc_controls_refuse_non_finite_or_negative_values(dc, call, field, value):
+    async def run():
+        async with grpc.aio.insecure_channel(dc) as ch:
+            stub = dg.DatacenterStub(ch)
+            if call == "SetFrequency":
+                msg = dpb.SetFrequencyRequest(gpu_frequency_mhz=value)
+            else:
+                msg = dpb.CarmSlotPlan(**{field: value})
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await getattr(stub, call)(msg, timeout=5)
+            state = await stub.GetState(dpb.GetStateRequest(), timeout=5)
+            return err.value, state.state
+
+    err, state = asyncio.run(run())
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (err.details() or "").startswith(field)
+    assert math.isfinite(state.carbon_g) and math.isfinite(state.power_w)
+    assert state.gpu_frequency_mhz > 0
