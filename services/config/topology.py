@@ -25,8 +25,11 @@ Rules
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -236,21 +239,30 @@ class Topology:
             )
         load = self.load
         if rate_rps is not None:
-            if not rate_rps > 0:
-                raise InvalidInput("rate", f"must be > 0, got {rate_rps}")
+            if not (math.isfinite(rate_rps) and rate_rps > 0):
+                raise InvalidInput("--rate", f"expected a finite number > 0, got {rate_rps}")
             load = dataclasses.replace(load, rate_rps=rate_rps)
         if duration_s is not None:
-            if not duration_s > 0:
-                raise InvalidInput("duration", f"must be > 0, got {duration_s}")
+            if not (math.isfinite(duration_s) and duration_s > 0):
+                raise InvalidInput("--duration",
+                                   f"expected a finite number > 0, got {duration_s}")
             load = dataclasses.replace(load, duration_s=duration_s)
         if seed is not None:
             load = dataclasses.replace(load, seed=seed)
         if warmup_s is not None:
+            if not (math.isfinite(warmup_s) and warmup_s >= 0):
+                raise InvalidInput("--warmup", f"expected a finite number >= 0, got {warmup_s}")
             load = dataclasses.replace(load, warmup_s=warmup_s)
+        n = load.rate_rps * load.duration_s
+        if n > MAX_PLANNED_REQUESTS:
+            raise InvalidInput("--rate / --duration",
+                               f"rate x duration = {n:,.0f} requests (about "
+                               f"{n * BYTES_PER_REQUEST / 2**30:,.0f} GiB to plan and record); "
+                               f"at most {MAX_PLANNED_REQUESTS:,}")
         dil = self.dilation
         if dilation is not None:
-            if not dilation >= 1.0:
-                raise InvalidInput("dilation", f"must be >= 1, got {dilation}")
+            if not (math.isfinite(dilation) and 1.0 <= dilation <= 1000.0):
+                raise InvalidInput("--dilation", f"expected a number in [1, 1000], got {dilation}")
             dil = dilation
         return dataclasses.replace(self, regions=regions, load=load, dilation=dil)
 
@@ -293,6 +305,15 @@ class Topology:
         }
 
 
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+# Bounds that keep a topology within what one machine (or a sweep worker) can plan.
+MAX_NODES_PER_DC = 4096
+MAX_GPUS_PER_NODE = 64
+MAX_ENGINES = 65_536
+MAX_PLANNED_REQUESTS = 20_000_000
+BYTES_PER_REQUEST = 1024     # plan + record + journey, measured order of magnitude
+
+
 class _V:
     """Validation helpers bound to one file."""
 
@@ -320,6 +341,8 @@ class _V:
             raise self.err(full, "missing required number")
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise self.err(full, f"expected a number, got {v!r}")
+        if not math.isfinite(v):
+            raise self.err(full, f"expected a finite number, got {v}")
         if lo is not None and (v <= lo if strict_lo else v < lo):
             raise self.err(full, f"expected a number {'>' if strict_lo else '>='} {lo}, got {v}")
         if hi is not None and v > hi:
@@ -327,12 +350,22 @@ class _V:
         return float(v)
 
     def integer(self, m: Mapping[str, Any], key: str, full: str, default: Any = None,
-                lo: int = 0) -> int:
+                lo: int = 0, hi: int | None = None) -> int:
         v = m.get(key, default)
         if isinstance(v, bool) or not isinstance(v, int):
             raise self.err(full, f"expected an integer, got {v!r}")
         if v < lo:
             raise self.err(full, f"expected an integer >= {lo}, got {v}")
+        if hi is not None and v > hi:
+            raise self.err(full, f"expected an integer <= {hi}, got {v}")
+        return v
+
+    def ident(self, m: Mapping[str, Any], key: str, full: str) -> str:
+        """A name used in addresses, flags, container and metric labels."""
+        v = self.text(m, key, full)
+        if not NAME_RE.fullmatch(v):
+            raise self.err(full, f"expected letters, digits, '.', '_' or '-' (at most 63, "
+                                 f"starting with a letter or digit), got {v!r}")
         return v
 
     def text(self, m: Mapping[str, Any], key: str, full: str, default: Any = None,
@@ -380,6 +413,36 @@ def _scheduler(v: _V, raw: Any, key: str, defaults: Mapping[str, Any]) -> Schedu
     )
 
 
+def _ci_start_hour(v: _V, raw: Any) -> Any:
+    """An hour index >= 0 or an ISO UTC hour ('2022-06-01T12:00Z')."""
+    if isinstance(raw, str):
+        try:
+            datetime.fromisoformat(raw)
+        except ValueError:
+            raise v.err("ci_start_hour", f"expected an ISO UTC hour such as "
+                                         f"'2022-06-01T12:00Z' or an hour index, got {raw!r}"
+                        ) from None
+    elif isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        raise v.err("ci_start_hour", f"expected an hour index >= 0 or an ISO UTC hour, "
+                                     f"got {raw!r}")
+    return raw
+
+
+def check_size(v: _V, regions: list[RegionSpec], load: LoadSpec) -> None:
+    """Refuse a topology too large to plan, with an estimate of what it would need."""
+    engines = sum(d.nodes * d.gpus_per_node // load_calibration(d.setup).tp
+                  for r in regions for d in r.dcs)
+    if engines > MAX_ENGINES:
+        raise v.err("regions", f"{engines:,} engines in all; at most {MAX_ENGINES:,} "
+                               "(nodes x gpus_per_node / tp over every DC)")
+    n = load.rate_rps * load.duration_s
+    if n > MAX_PLANNED_REQUESTS:
+        gib = n * BYTES_PER_REQUEST / 2**30
+        raise v.err("load.rate_rps", f"rate x duration = {n:,.0f} requests (about {gib:,.0f} "
+                                     f"GiB to plan and record); at most "
+                                     f"{MAX_PLANNED_REQUESTS:,}")
+
+
 def check_policy(policy: str, config: Mapping[str, Any]) -> None:
     """The policy exists and its settings are valid (raises InvalidInput naming
     ``policy`` or ``policy_config[.setting]``) — checked before any process starts."""
@@ -400,16 +463,17 @@ def _dc(v: _V, raw: Any, key: str, region: str, defaults: Mapping[str, Any]) -> 
         cal = load_calibration(setup)
     except ConfigError as exc:
         raise v.err(f"{key}.setup", str(exc)) from exc
-    gpn = v.integer(m, "gpus_per_node", f"{key}.gpus_per_node", d.gpus_per_node, lo=1)
+    gpn = v.integer(m, "gpus_per_node", f"{key}.gpus_per_node", d.gpus_per_node, lo=1,
+                    hi=MAX_GPUS_PER_NODE)
     if gpn % cal.tp:
         raise v.err(f"{key}.gpus_per_node", f"expected a multiple of tp={cal.tp} ({setup})")
     if "ci" not in m:
         raise v.err(f"{key}.ci", "missing; expected {constant: g} or {trace: auto, zone: Z}")
     return DcSpec(
-        name=v.text(m, "name", f"{key}.name"),
+        name=v.ident(m, "name", f"{key}.name"),
         region=region,
         zone=str(m.get("zone", "")),
-        nodes=v.integer(m, "nodes", f"{key}.nodes", d.nodes, lo=1),
+        nodes=v.integer(m, "nodes", f"{key}.nodes", d.nodes, lo=1, hi=MAX_NODES_PER_DC),
         gpus_per_node=gpn,
         setup=setup,
         pue=v.num(m, "pue", f"{key}.pue", d.pue, lo=1.0),
@@ -571,7 +635,7 @@ def parse_topology(data: Any, path: str) -> Topology:
         key = f"regions[{i}]"
         rm = v.mapping(rr, key)
         v.known(rm, key, {"name", "aws_region", "scheduler", "dcs"})
-        name = v.text(rm, "name", f"{key}.name")
+        name = v.ident(rm, "name", f"{key}.name")
         if name in seen_region:
             raise v.err(f"{key}.name", f"duplicate region name {name!r}")
         seen_region.add(name)
@@ -634,6 +698,7 @@ def parse_topology(data: Any, path: str) -> Topology:
         origin=origin,
         model=model,
     )
+    check_size(v, regions, load)
     from services.loadgen.arrivals import available as arrivals_available
     from services.loadgen.datasets import available as datasets_available
 
@@ -644,7 +709,7 @@ def parse_topology(data: Any, path: str) -> Topology:
         raise v.err("load.arrivals", f"unknown arrival process; known: {known_arrivals}")
     em = v.mapping(top.get("emulation", {}) or {}, "emulation")
     v.known(em, "emulation", {"dilation", "faithful_lateness_s"})
-    dilation = v.num(em, "dilation", "emulation.dilation", 1.0, lo=1.0)
+    dilation = v.num(em, "dilation", "emulation.dilation", 1.0, lo=1.0, hi=1000.0)
     faithful = v.num(em, "faithful_lateness_s", "emulation.faithful_lateness_s", 0.005, lo=0.0)
     nm = v.mapping(top.get("network", {}) or {}, "network")
     v.known(nm, "network", {"rtt_ms", "rtt_file"})
@@ -677,7 +742,7 @@ def parse_topology(data: Any, path: str) -> Topology:
         load=load,
         dilation=dilation,
         rtt_s=rtt,
-        ci_start_hour=top.get("ci_start_hour", 0),
+        ci_start_hour=_ci_start_hour(v, top.get("ci_start_hour", 0)),
         faithful_lateness_s=faithful,
         carm=_carm(v, top["carm"], [d.name for r in regions for d in r.dcs])
         if top.get("carm") is not None else None,

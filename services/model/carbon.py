@@ -316,7 +316,11 @@ def _build_trace(
         raise ConfigError(source, f"{key_path}.zone", exc.args[0] + ": " + exc.message) from exc
     start = m.get("start_hour", 0)
     if isinstance(start, str):
-        start = _hour_offset(path, first, start, f"{key_path}.start_hour")
+        try:
+            start = _hour_offset(path, first, start, f"{key_path}.start_hour")
+        except ConfigError as exc:  # the error is in the config, not in the trace file
+            raise ConfigError(source, f"{key_path}.start_hour",
+                              f"{exc.message} (trace {path})") from exc
     if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < values.size:
         raise ConfigError(
             source, f"{key_path}.start_hour",

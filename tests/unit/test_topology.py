@@ -417,3 +417,55 @@ def test_run_refuses_bad_policy_settings_before_starting_anything(tmp_path: Path
     assert proc.returncode == 2
     assert "--policy-config: policy 'greedy': alpha must be in [0, 1], got 2" in proc.stderr
     assert not (out / "logs").exists()  # no service was started
+
+
+# Finite numbers only, upper bounds on counts, names safe for flags and addresses, and a
+# plan too large for memory refused with an estimate — each naming the file and key path.
+@pytest.mark.parametrize(("mutate", "key", "words"), [
+    (lambda d: d["defaults"]["dc"].update(pue=float("nan")), "defaults.dc.pue", ("finite",)),
+    (lambda d: d.update(load={"rate_rps": float("inf")}), "load.rate_rps", ("finite",)),
+    (lambda d: d.update(emulation={"dilation": float("inf")}), "emulation.dilation",
+     ("finite",)),
+    (lambda d: d["regions"][0]["dcs"][0].update(nodes=10**9), "regions[0].dcs[0].nodes",
+     ("<= 4096",)),
+    (lambda d: d["defaults"]["dc"].update(gpus_per_node=10**9), "defaults.dc.gpus_per_node",
+     ("<= 64",)),
+    (lambda d: d["regions"][0]["dcs"][0].update(name="eu,a=b"), "regions[0].dcs[0].name",
+     ("'eu,a=b'",)),
+    (lambda d: d["regions"][1].update(name="us east"), "regions[1].name", ("'us east'",)),
+    (lambda d: d.update(load={"rate_rps": 1e9, "duration_s": 60}), "load.rate_rps",
+     ("60,000,000,000 requests", "GiB", "at most 20,000,000")),
+    (lambda d: [r["dcs"][0].update(nodes=4096, gpus_per_node=64) for r in d["regions"]],
+     "regions", ("engines in all", "at most 65,536")),
+], ids=["nan-pue", "inf-rate", "inf-dilation", "nodes-1e9", "gpus-1e9", "dc-name-comma",
+        "region-name-space", "plan-too-large", "too-many-engines"])
+def test_bounds_named_with_file_and_key(tmp_path: Path, mutate, key: str,
+                                        words: tuple[str, ...]) -> None:
+    path = write(tmp_path, mutated(mutate))
+    text = str(load_error(path))
+    assert text.startswith(f"{path}: {key}:"), text
+    for w in words:
+        assert w in text, text
+
+
+@pytest.mark.parametrize(("kw", "flag"), [
+    ({"rate_rps": float("nan")}, "--rate"), ({"duration_s": float("inf")}, "--duration"),
+    ({"dilation": float("inf")}, "--dilation"), ({"warmup_s": -1.0}, "--warmup"),
+    ({"rate_rps": 1e9}, "--rate / --duration"),
+])
+def test_cli_overrides_bounded_and_named_by_flag(kw: dict[str, float], flag: str) -> None:
+    with pytest.raises(InvalidInput) as ei:
+        load_topology("small").with_overrides(**kw)
+    assert ei.value.field == flag
+
+
+def test_bad_ci_start_hours_name_the_topology(tmp_path: Path) -> None:
+    top = (ROOT / "topologies" / "small.yaml").read_text()
+    p1 = tmp_path / "top.yaml"
+    p1.write_text(top.replace('ci_start_hour: "2022-06-01T12:00Z"', "ci_start_hour: yesterday"))
+    assert str(load_error(p1)).startswith(f"{p1}: ci_start_hour: expected an ISO UTC hour")
+    p2 = tmp_path / "dc.yaml"
+    p2.write_text(top.replace("{name: eu-nl, zone: NL, ci: {trace: auto}}",
+                              "{name: eu-nl, zone: NL, ci: {trace: auto, start_hour: yesterday}}"))
+    text = str(load_error(p2))
+    assert text.startswith(f"{p2}: regions[0].dcs[0].ci.start_hour: not an ISO timestamp")
