@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -61,14 +62,22 @@ def main(argv: list[str] | None = None) -> int:
             gen.metrics.attach(clock.now, clock.dilation)
             serve_metrics(gen.metrics.registry, args.metrics_port, args.metrics_address,
                           "loadgen")
-        summary = asyncio.run(gen.run())
+        async def run() -> dict[str, object]:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):  # stop early, keep every record
+                loop.add_signal_handler(sig, gen.interrupt, f"{signal.Signals(sig).name}")
+            return await gen.run()
+
+        summary = asyncio.run(run())
     except GeoServeError as exc:
         print(f"loadgen: error: {exc}", file=sys.stderr)
         return 2
-    rq = summary["requests"]
+    rq: dict[str, int] = summary["requests"]  # type: ignore[assignment]
     if rq["emitted"] != rq["completed"] + rq["rejected"] + rq["failed"]:
         print("loadgen: error: request conservation violated", file=sys.stderr)
         return 1
+    if gen.interrupted:  # partial results are written; the exit says the run was cut short
+        return 128 + int(getattr(signal, gen.interrupted, signal.SIGTERM))
     return 0
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +94,74 @@ def write_csv(path: Path, rows: Iterable[RecordRow]) -> int:
             w.writerow([*(_fmt(getattr(r, k)) for k in FIELDS), int(r.slo_met)])
             n += 1
     return n
+
+
+class RecordJournal:
+    """Rows written as they arrive, so a run killed at any moment leaves what it had.
+
+    ``records.journal.csv`` holds every terminal row in arrival order (the CSV form of
+    `write_csv`); ``emitted.journal`` one line ``id,emitted_s`` per emitted request
+    (seconds from the start of the load). Both
+    are line-buffered. `rebuild` turns them back into one row per emitted request: a
+    request emitted without a row ends FAILED with the given reason."""
+
+    ROWS = "records.journal.csv"
+    EMITTED = "emitted.journal"
+
+    def __init__(self, out_dir: Path) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.dir = out_dir
+        self._rows = (out_dir / self.ROWS).open("w", newline="", buffering=1)
+        self._csv = csv.writer(self._rows)
+        self._csv.writerow([*FIELDS, "slo_met"])
+        self._emitted = (out_dir / self.EMITTED).open("w", buffering=1)
+
+    def emitted(self, rid: str, emitted_s: float) -> None:
+        self._emitted.write(f"{rid},{emitted_s:.6f}\n")
+
+    def record(self, r: RecordRow) -> None:
+        self._csv.writerow([*(_fmt(getattr(r, k)) for k in FIELDS), int(r.slo_met)])
+
+    def close(self, remove: bool = False) -> None:
+        self._rows.close()
+        self._emitted.close()
+        if remove:
+            (self.dir / self.ROWS).unlink(missing_ok=True)
+            (self.dir / self.EMITTED).unlink(missing_ok=True)
+
+    @classmethod
+    def exists(cls, out_dir: Path) -> bool:
+        return (out_dir / cls.ROWS).exists()
+
+    @classmethod
+    def rebuild(cls, out_dir: Path, reason: str, plans: Mapping[str, Any] | None = None
+                ) -> tuple[list[RecordRow], list[str]]:
+        """(rows, emitted ids): one row per emitted request, in emission order; `plans`
+        (id -> `PlannedRequest`, the run's plan) fills the identity of a request that has
+        no row."""
+        rows = {r.id: r for r in read_csv(out_dir / cls.ROWS)}
+        emitted: dict[str, float] = {}
+        path = out_dir / cls.EMITTED
+        if path.exists():
+            for line in path.read_text().splitlines():
+                rid, _, t = line.rpartition(",")
+                if rid:
+                    emitted.setdefault(rid, float(t))
+        order = list(emitted) + [rid for rid in rows if rid not in emitted]
+        out = []
+        for rid in order:
+            row = rows.get(rid)
+            if row is None:
+                plan = (plans or {}).get(rid)
+                if plan is not None:
+                    row = RecordRow.for_plan(plan, state=FAILED, reason=reason,
+                                             status_code="UNAVAILABLE", emitted_s=emitted[rid])
+                else:
+                    row = RecordRow(id=rid, origin_region="", dataset="", isl_tokens=0,
+                                    osl_tokens=0, state=FAILED, reason=reason,
+                                    status_code="UNAVAILABLE", emitted_s=emitted[rid])
+            out.append(row)
+        return out, order
 
 
 def read_csv(path: Path) -> list[RecordRow]:

@@ -38,14 +38,23 @@ from geoserve.v1 import scheduler_pb2_grpc as sgrpc
 
 from services.config.topology import Topology
 from services.loadgen.plan import PlannedRequest, plan_requests
-from services.loadgen.records import COMPLETED, FAILED, REJECTED, RecordRow, write_csv
+from services.loadgen.records import (
+    COMPLETED,
+    FAILED,
+    REJECTED,
+    RecordJournal,
+    RecordRow,
+    write_csv,
+)
 from services.loadgen.summary import (
     dc_final_from_states,
     format_table,
     load_window,
     occupancy_block,
+    partial_block,
     summarize,
 )
+from services.model.errors import InvalidInput
 from services.provisioner.convert import window_stats_from_proto
 from services.runtime.clock import WallClock
 from services.runtime.grpcutil import CHANNEL_OPTIONS
@@ -132,6 +141,16 @@ class LoadGenerator:
         self.outstanding: dict[str, set[str]] = {r: set() for r in self.schedulers}
         self.t0 = 0.0
         self.metrics: LoadgenMetrics | None = None
+        self.journal = RecordJournal(out_dir) if out_dir is not None else None
+        self.interrupted: str | None = None   # why the load stopped early (a signal)
+        self._stop = asyncio.Event()
+
+    def interrupt(self, reason: str) -> None:
+        """Stop emitting; every request emitted so far still gets exactly one record."""
+        if self.interrupted is None:
+            self.interrupted = reason
+            self.log(f"loadgen: {reason}; writing the partial results")
+        self._stop.set()
 
     def log(self, msg: str) -> None:
         print(msg, file=self.out, flush=True)
@@ -174,6 +193,8 @@ class LoadGenerator:
         if rid in self.rows:
             return
         self.rows[rid] = row
+        if self.journal is not None:
+            self.journal.record(row)
         if self.metrics is not None:
             self.metrics.on_finished(row)
 
@@ -185,8 +206,12 @@ class LoadGenerator:
         async def gen():  # type: ignore[no-untyped-def]
             for p in items:
                 await self.clock.sleep_until(self.t0 + p.t_s)
+                if self._stop.is_set():
+                    break
                 now = self.clock.now()
                 self.emitted_at[p.id] = now
+                if self.journal is not None:
+                    self.journal.emitted(p.id, now - self.t0)
                 req = pb.Request(
                     id=p.id, model=p.model, isl_tokens=p.isl_tokens, osl_tokens=p.osl_tokens,
                     dataset=p.dataset, origin_region=p.origin_region,
@@ -265,20 +290,29 @@ class LoadGenerator:
             for r, items in by_region.items()
         ]
         end_load = self.t0 + self.topo.load.duration_s
-        await self.clock.sleep_until(end_load)
+        stop: asyncio.Future[Any] = asyncio.ensure_future(self._stop.wait())
+        sleeper: asyncio.Future[Any] = asyncio.ensure_future(self.clock.sleep_until(end_load))
+        await asyncio.wait({sleeper, stop}, return_when=asyncio.FIRST_COMPLETED)
+        sleeper.cancel()
         all_sent.set()
-        try:
-            await asyncio.wait_for(asyncio.gather(*tasks),
-                                   timeout=self.clock.wall_delay(self.drain_limit_s))
-        except TimeoutError:
-            for t in tasks:
-                t.cancel()
+        if self.interrupted is None:
+            drain: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*tasks))
+            await asyncio.wait({drain, stop}, timeout=self.clock.wall_delay(self.drain_limit_s),
+                               return_when=asyncio.FIRST_COMPLETED)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         prog.cancel()
-        for p in self.plan:
+        stop.cancel()
+        plan = self.plan
+        if self.interrupted is not None:  # the run covers what was emitted before the stop
+            plan = [p for p in self.plan if p.id in self.emitted_at or p.id in self.rows]
+        reason = (f"run interrupted ({self.interrupted}) before the request finished"
+                  if self.interrupted else "no record before the run ended (drain limit)")
+        for p in plan:
             if p.id not in self.rows:
-                emitted = self.emitted_at.get(p.id, 0.0)
-                self._record(p.id, failed_row(
-                    p, self.t0, emitted, "no record before the run ended (drain limit)"))
+                self._record(p.id, failed_row(p, self.t0, self.emitted_at.get(p.id, 0.0),
+                                              reason))
         end_states = await self._dc_states()
         sched = await self._scheduler_info()
         load = self.topo.load
@@ -301,10 +335,10 @@ class LoadGenerator:
             "policy": ",".join(sorted(live if len(live) and all(
                 "policy" in i for i in sched.values()) else planned)),
         }
-        rows = [self.rows[p.id] for p in self.plan]
+        rows = [self.rows[p.id] for p in plan]
         summary = summarize(
             rows,
-            [p.id for p in self.plan],
+            [p.id for p in plan],
             finals,
             runtime="wall",
             config=config,
@@ -317,14 +351,40 @@ class LoadGenerator:
             occupancy=occupancy_block(occ.mean_batch_ratio if occ else None,
                                       occ.occupancy_samples if occ else 0),  # 0.0: none
             window=load_window(self.t0, end, start_states, end_states),
+            partial=partial_block(self.interrupted, len(self.plan), len(plan))
+            if self.interrupted else None,
         )
         missing = sorted(set(self.dcs) - {f.dc for f in finals})
         if missing:
             summary["dcs_unreachable_at_end"] = missing
         if self.out_dir is not None:
             write_outputs(self.out_dir, rows, summary)
+        if self.journal is not None:
+            self.journal.close(remove=True)  # records.csv and summary.json are written
         self.log(format_table(summary))
         return summary
+
+
+def rebuild_outputs(out_dir: Path, topo: Topology, reason: str) -> dict[str, Any]:
+    """records.csv and summary.json from the journal a load generator left when it died
+    (`RecordJournal`): every emitted request in exactly one terminal state (FAILED with
+    `reason` where it had no record), the summary marked partial. Energy and carbon are
+    not known (the DCs were not read at the end): they are reported as 0 and the partial
+    block says so."""
+    if not RecordJournal.exists(out_dir):
+        raise InvalidInput(str(out_dir), f"no {RecordJournal.ROWS} to rebuild the run from")
+    plan = plan_requests(topo)
+    rows, ids = RecordJournal.rebuild(out_dir, reason, {p.id: p for p in plan})
+    summary = summarize(
+        rows, ids, [], runtime="wall", config=topo.to_dict(), warmup_s=topo.load.warmup_s,
+        dilation=topo.dilation,
+        partial={**partial_block(reason, len(plan), len(ids)),
+                 "energy": "not measured: the run ended before the DCs were read"},
+    )
+    write_outputs(out_dir, rows, summary)
+    for name in (RecordJournal.ROWS, RecordJournal.EMITTED):
+        (out_dir / name).unlink(missing_ok=True)
+    return summary
 
 
 def write_outputs(out_dir: Path, rows: list[RecordRow], summary: Mapping[str, Any]) -> None:

@@ -93,6 +93,12 @@ def load_window(start_s: float, end_s: float, starts: Mapping[str, Any],
     }
 
 
+def partial_block(reason: str, planned: int, emitted: int) -> dict[str, Any]:
+    """The summary's ``partial`` key of a run that stopped early (None when complete):
+    why, and how many of the planned requests were emitted (and are recorded)."""
+    return {"reason": reason, "planned": planned, "emitted": emitted}
+
+
 def occupancy_block(mean_batch_ratio: float | None, samples: int) -> dict[str, Any]:
     """The summary's ``occupancy`` key: mean per-engine batch over the batch limit across
     the provisioner's polls after the warm-up (defines the load regime)."""
@@ -122,6 +128,7 @@ def summarize(
     provisioner: Mapping[str, Any] | None = None,
     occupancy: Mapping[str, Any] | None = None,
     window: Mapping[str, Any] | None = None,
+    partial: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The run's summary. Both runtimes write the same keys: ``provisioner`` (polls and
     snapshots over the load window, `services.provisioner.driver.WindowStats`),
@@ -163,6 +170,7 @@ def summarize(
     out_tokens = sum(r.output_tokens for r in records if r.state == COMPLETED)
     return {
         "runtime": runtime,
+        "partial": dict(partial) if partial is not None else None,
         "requests": {
             "emitted": len(emitted_ids),
             "completed": states.get(COMPLETED, 0),

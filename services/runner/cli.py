@@ -40,6 +40,12 @@ def register(sub: Any) -> None:
                      help="keep the services and their /metrics up this many wall seconds "
                           "after the load (default 2 with --prometheus, else 0)")
     run.set_defaults(func=cmd_run)
+    rb = sub.add_parser("rebuild", help="rebuild the records and a partial summary of a run "
+                                        "whose load generator died, from its journal")
+    _add_common(rb)
+    rb.add_argument("--reason", default="load generator died before the request finished",
+                    help="reason recorded for emitted requests without a record")
+    rb.set_defaults(func=cmd_rebuild)
     sim = sub.add_parser("sim", help="run a topology on the virtual clock (one process)")
     _add_common(sim)
     sim.add_argument("--no-solver-time", action="store_true",
@@ -64,6 +70,21 @@ def _out_dir(args: argparse.Namespace, topo: Topology, runtime: str) -> Path:
     policy = args.policy or topo.regions[0].scheduler.policy
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return ROOT / "results" / f"{topo.name}-{policy}-{runtime}-{stamp}"
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    """Rebuild records.csv and a partial summary.json of a run whose load generator died."""
+    from services.loadgen.runtime import rebuild_outputs
+    from services.loadgen.summary import format_table
+
+    if not args.out:
+        raise InvalidInput("--out", "the run's results folder is required")
+    topo = _topology(args)
+    out = Path(args.out)
+    summary = rebuild_outputs(out, topo, args.reason)
+    print(format_table(summary))
+    print(f"\nrebuilt: {out} (partial: {summary['partial']['reason']})")
+    return 0
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
@@ -102,6 +123,8 @@ def _print_metrics(runner: Any, out: Path) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from services.loadgen.records import RecordJournal
+    from services.loadgen.runtime import rebuild_outputs
     from services.runner.local import LocalRun
 
     topo = _topology(args)
@@ -120,10 +143,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                       linger_s=args.linger if args.linger is not None
                       else (2.0 if args.prometheus else 0.0))
 
+    stopped_by: list[str] = []
+
     def on_term(signum: int, frame: Any) -> None:
+        stopped_by.append(signal.Signals(signum).name)
         raise KeyboardInterrupt
 
     old = signal.signal(signal.SIGTERM, on_term)
+    old_int = signal.signal(signal.SIGINT, on_term)
     rc = 1
     try:
         t0 = time.monotonic()
@@ -132,18 +159,42 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print_metrics(runner, out)
         rc = runner.run_load()
     except KeyboardInterrupt:
-        print("geoserve run: interrupted; stopping every service", file=sys.stderr)
-        rc = 130
+        sig = stopped_by[0] if stopped_by else "SIGINT"
+        print(f"geoserve run: interrupted ({sig}); the load generator writes what it has, "
+              "then every service stops", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not lose the run
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        runner.stop_load(sig)
+        rc = 128 + int(getattr(signal, sig))
     finally:
         runner.stop()
         signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGINT, old_int)
     if runner.crashed:
         print(f"services that died during the run: {', '.join(runner.crashed)}",
               file=sys.stderr)
     summary_path = out / "summary.json"
-    if rc == 0 and summary_path.exists():
+    lg = runner.loadgen_exit()
+    if lg is not None and lg != 0 and rc == 0:
+        rc = lg
+    if rc < 0:  # killed by a signal: the shell's convention, 128 + signal number
+        rc = 128 - rc
+    if lg is not None and lg < 0:
+        print(f"geoserve run: the load generator was killed by {signal.Signals(-lg).name}",
+              file=sys.stderr)
+    if not summary_path.exists() and RecordJournal.exists(out):
+        reason = ("load generator died before the request finished" if lg is None or lg < 0
+                  else f"load generator exited with {lg} before the request finished")
+        rebuild_outputs(out, topo, reason)
+        print(f"geoserve run: rebuilt records.csv and a partial summary.json from the "
+              f"load generator's journal in {out}", file=sys.stderr)
+        rc = rc or 1
+    if summary_path.exists():
         s = json.loads(summary_path.read_text())
         s["runner"] = {"crashed": runner.crashed}
         summary_path.write_text(json.dumps(s, indent=2) + "\n")
+        if s.get("partial"):
+            print(f"geoserve run: partial results ({s['partial']['reason']}): "
+                  f"{s['requests']['emitted']} emitted requests recorded", file=sys.stderr)
         print(f"\nresults: {out}")
     return rc

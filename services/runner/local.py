@@ -293,6 +293,27 @@ class LocalRun:
             time.sleep(self.linger_s)
         return rc
 
+    def stop_load(self, signame: str, timeout_s: float = 30.0) -> None:
+        """Ask the load generator to stop early (it records every request emitted so far
+        and writes the partial results), and wait for it, bounded."""
+        p = self.procs.get("loadgen")
+        if p is None or p.popen is None or p.popen.poll() is not None:
+            return
+        p.expected_exit = True
+        try:
+            p.popen.send_signal(getattr(signal, signame, signal.SIGTERM))
+            p.popen.wait(timeout=timeout_s)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            print(f"runner: the load generator did not stop within {timeout_s:.0f} s",
+                  file=sys.stderr, flush=True)
+
+    def loadgen_exit(self) -> int | None:
+        """The load generator's exit status (None: not started or still running)."""
+        p = self.procs.get("loadgen")
+        return p.popen.poll() if p is not None and p.popen is not None else None
+
     def stop(self) -> None:
         if getattr(self, "_stop_watch", None) is not None:
             self._stop_watch.set()

@@ -432,7 +432,9 @@ def test_killed_provisioner_stale_snapshot_falls_back_to_round_robin(tmp_path: P
 
 
 # ------------------------------------------------------------------------------ Ctrl-C
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+# An interrupted run, or one whose load generator is killed, still writes records.csv and
+# a partial summary.json: every emitted request in exactly one terminal state.
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "kill-loadgen"])
 def test_interrupted_run_leaves_no_process(tmp_path: Path, how: str) -> None:
     topo_path = write_topology(tmp_path / f"interrupt-{how}.yaml",
                                {"eu-north": ["eu-a"], "us-east": ["us-a"]}, duration_s=60)
@@ -454,14 +456,37 @@ def test_interrupted_run_leaves_no_process(tmp_path: Path, how: str) -> None:
         assert len(running) >= 7, running
         if how == "ctrl-c":
             os.killpg(p.pid, signal.SIGINT)  # what a terminal does: the foreground group
-        else:
+        elif how == "sigterm":
             os.kill(p.pid, signal.SIGTERM)
+        else:
+            loadgen = [pid for pid, cmd in running.items() if "services.loadgen" in cmd]
+            assert len(loadgen) == 1, running
+            os.kill(loadgen[0], signal.SIGKILL)
         rc = p.wait(timeout=40)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
     assert rc != 0, "an interrupted run must not report success"
+    text = log.read_text()
+    expected_rc = {"ctrl-c": 130, "sigterm": 143, "kill-loadgen": 137}[how]
+    assert rc == expected_rc, text[-3000:]
+    if how == "kill-loadgen":
+        assert "the load generator was killed by SIGKILL" in text
+        assert "rebuilt records.csv" in text
+    summary = json.loads((out / "summary.json").read_text())
+    with (out / "records.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    partial = summary["partial"]
+    assert partial is not None and 0 < partial["emitted"] < partial["planned"]
+    rq = summary["requests"]
+    assert rq["emitted"] == partial["emitted"] == len(rows) == len({r["id"] for r in rows})
+    assert rq["emitted"] == rq["completed"] + rq["rejected"] + rq["failed"]
+    assert rq["completed"] > 0
+    assert {r["state"] for r in rows} <= {"completed", "rejected", "failed"}
+    cut = [r for r in rows if r["state"] == "failed"]
+    assert all(r["reason"] for r in cut)
+    assert not (out / "records.journal.csv").exists()
     # geoserve waits for its services before it exits: nothing of the run is left
     left = procs_mentioning(*needles)
     assert not left, f"orphans after geoserve exited: {left}"
