@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="topology YAML with a carm section (path or name under topologies/)")
     p.add_argument("--dcs", default=None, help="DC addresses NAME=HOST:PORT,... "
                                                "(default: $DC_ADDRS)")
-    p.add_argument("--address", default=None, help="listen address (default [::]:$PORT)")
+    p.add_argument("--address", default=None,
+                   help="listen address (default $GEOSERVE_ADDRESS or 127.0.0.1:$PORT)")
     p.add_argument("--call-timeout", type=float, default=None,
                    help="deadline of each DC call, emulated s (default min(1, slot/4))")
     p.add_argument("--dilation", type=float, default=None,
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from services.carm.live import CarmLive
     from services.carm.server import CarmMetrics, WallCarm, serve
     from services.config.topology import load_topology
-    from services.runtime.grpcutil import parse_addr_map
+    from services.runtime.grpcutil import listen_address, parse_addr_map
 
     try:
         if not args.topology:
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             addrs = parse_addr_map(args.dcs, "--dcs")
         else:
             addrs = parse_addr_map(os.environ.get("DC_ADDRS", ""), "DC_ADDRS")
-        address = args.address or f"[::]:{os.environ.get('PORT', '50051')}"
+        address = listen_address(args.address, 50051)
         clock = WallClock(args.dilation if args.dilation is not None else topo.dilation,
                           args.epoch)
         live = CarmLive(topo, perf_clock=time.perf_counter)

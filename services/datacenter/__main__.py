@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--routing", default=DC_DEFAULTS.routing, choices=list(ROUTINGS))
     p.add_argument("--max-queue", type=int, default=DC_DEFAULTS.max_queue_per_engine,
                    help="waiting requests per engine")
-    p.add_argument("--address", default=None, help="listen address (default [::]:$PORT)")
+    p.add_argument("--address", default=None,
+                   help="listen address (default $GEOSERVE_ADDRESS or 127.0.0.1:$PORT)")
     p.add_argument("--dilation", type=float, default=None, help="time dilation factor k >= 1")
     p.add_argument("--epoch", type=float, default=None, help="run epoch, unix seconds")
     p.add_argument("--drain-grace", type=float, default=5.0, help="SIGTERM drain, wall s")
@@ -43,10 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from services.datacenter.dc import Datacenter
     from services.datacenter.server import serve
+    from services.runtime.grpcutil import listen_address
     from services.runtime.metrics import DcMetrics, metrics_port, serve_metrics
 
     try:
-        address = args.address or f"[::]:{os.environ.get('PORT', '50051')}"
+        address = listen_address(args.address, 50051)
         if args.topology:
             from services.config.factory import build_datacenter
             from services.config.topology import load_topology

@@ -153,6 +153,10 @@ def _layout(topo: Topology, out_dir: Path) -> dict[str, Any]:
     env = Anchored("geoserve-env", {
         "PORT": str(GRPC_PORT),
         "METRICS_PORT": str(METRICS_PORT),
+        # services listen on loopback unless told otherwise; in a container, on every
+        # interface of the compose network
+        "GEOSERVE_ADDRESS": f"0.0.0.0:{GRPC_PORT}",
+        "METRICS_ADDR": "0.0.0.0",
         "GEOSERVE_TOPOLOGY": ref,
         "GEOSERVE_EPOCH": "${GEOSERVE_EPOCH:-}",
         "GEOSERVE_EPOCH_FILE": f"{EPOCH_DIR}/epoch",

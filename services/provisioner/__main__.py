@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="topology YAML (path or name under topologies/)")
     p.add_argument("--dcs", default=None,
                    help="DC addresses NAME=HOST:PORT,... (default: $DC_ADDRS)")
-    p.add_argument("--address", default=None, help="listen address (default [::]:$PORT)")
+    p.add_argument("--address", default=None,
+                   help="listen address (default $GEOSERVE_ADDRESS or 127.0.0.1:$PORT)")
     p.add_argument("--period", type=float, default=None,
                    help="poll period Δp, emulated s (default: the topology's)")
     p.add_argument("--mode", choices=["sync", "async"], default=None,
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = build_parser().parse_args(argv)
     from services.config.topology import load_topology
+    from services.runtime.grpcutil import listen_address
 
     try:
         if not args.topology:
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             raise InvalidInput(
                 "--dcs", f"DC(s) {', '.join(unknown)} not in topology {topo.name}; "
                 f"known: {', '.join(names)}")
-        address = args.address or f"[::]:{os.environ.get('PORT', '50051')}"
+        address = listen_address(args.address, 50051)
         clock = WallClock(args.dilation if args.dilation is not None else topo.dilation,
                           args.epoch)
         core: ProvisionerCore[pb.DcState] = core_for_topology(

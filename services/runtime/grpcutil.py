@@ -144,6 +144,17 @@ async def wait_healthy(address: str, timeout_s: float = 30.0, service: str = "")
     raise TimeoutError(f"{address} not healthy after {timeout_s}s: {last}")
 
 
+ADDRESS_ENV = "GEOSERVE_ADDRESS"
+
+
+def listen_address(flag: str | None, default_port: int = 50051) -> str:
+    """Where a service listens for gRPC: ``--address``, else ``$GEOSERVE_ADDRESS``, else
+    loopback on ``$PORT`` — a service started on its own is not reachable from other
+    hosts unless an address says so (compose sets ``GEOSERVE_ADDRESS=0.0.0.0:PORT``)."""
+    return (flag or os.environ.get(ADDRESS_ENV)
+            or f"127.0.0.1:{os.environ.get('PORT') or default_port}")
+
+
 def parse_addr_map(text: str, field: str) -> dict[str, str]:
     """Parse ``name=host:port,name=host:port`` (field names the flag or env variable)."""
     out: dict[str, str] = {}

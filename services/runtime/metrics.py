@@ -85,7 +85,7 @@ def add_metrics_args(p: Any) -> None:
                    help=f"serve Prometheus /metrics on this port (default ${METRICS_PORT_ENV};"
                         " 0 or unset: off)")
     p.add_argument("--metrics-address", default=None,
-                   help=f"/metrics listen address (default ${METRICS_ADDR_ENV} or 0.0.0.0)")
+                   help=f"/metrics listen address (default ${METRICS_ADDR_ENV} or 127.0.0.1)")
 
 
 def metrics_port(flag: int | None, env: dict[str, str] | None = None) -> int:
@@ -116,7 +116,7 @@ def serve_metrics(registry: CollectorRegistry, flag_port: int | None,
     port = metrics_port(flag_port)
     if not port:
         return None
-    addr = flag_address or os.environ.get(METRICS_ADDR_ENV) or "0.0.0.0"
+    addr = flag_address or os.environ.get(METRICS_ADDR_ENV) or "127.0.0.1"
     try:
         server, _ = prometheus_client.start_http_server(port, addr=addr, registry=registry)
     except OSError as exc:

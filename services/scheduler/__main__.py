@@ -25,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dcs", default=os.environ.get("DC_ADDRS", ""),
                    help="DC=HOST:PORT,... of this region's datacenters")
     p.add_argument("--provisioner", default=os.environ.get("PROVISIONER_ADDR", ""))
-    p.add_argument("--address", default=None, help="listen address (default [::]:$PORT)")
+    p.add_argument("--address", default=None,
+                   help="listen address (default $GEOSERVE_ADDRESS or 127.0.0.1:$PORT)")
     p.add_argument("--dilation", type=float, default=None)
     p.add_argument("--epoch", type=float, default=None, help="run epoch, unix seconds")
     add_metrics_args(p)
@@ -71,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
             raise InvalidInput("--dcs / DC_ADDRS", "addresses of this region's DCs are required")
         dcs = parse_addr_map(args.dcs, "--dcs")
         peers = parse_addr_map(args.peers, "--peers")
-        address = args.address or f"[::]:{os.environ.get('PORT', '50052')}"
+        from services.runtime.grpcutil import listen_address
+
+        address = listen_address(args.address, 50052)
         clock = WallClock(args.dilation or topo.dilation, args.epoch)
         metrics = SchedulerMetrics() if metrics_port(args.metrics_port) else None
         if metrics is not None:
