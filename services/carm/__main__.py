@@ -16,6 +16,7 @@ import time
 
 from services.model.errors import GeoServeError, InvalidInput
 from services.runtime.clock import WallClock
+from services.runtime.grpcutil import add_tls_args, apply_tls_args
 from services.runtime.metrics import add_metrics_args, serve_metrics
 
 
@@ -35,12 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epoch", type=float, default=None, help="run epoch, unix seconds")
     p.add_argument("--stop-grace", type=float, default=1.0, help="SIGTERM stop grace, wall s")
     add_metrics_args(p)
+    add_tls_args(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = build_parser().parse_args(argv)
+    try:
+        apply_tls_args(args)
+    except GeoServeError as exc:
+        print(f"carm: error: {exc}", file=sys.stderr)
+        return 2
     from services.carm.live import CarmLive
     from services.carm.server import CarmMetrics, WallCarm, serve
     from services.config.topology import load_topology

@@ -29,7 +29,12 @@ from prometheus_client import CollectorRegistry, Gauge
 from services.carm.live import CarmLive, SlotPlan
 from services.model.errors import InvalidInput
 from services.runtime.clock import WallClock
-from services.runtime.grpcutil import install_signal_handlers, set_not_serving, start_server
+from services.runtime.grpcutil import (
+    install_signal_handlers,
+    open_channel,
+    set_not_serving,
+    start_server,
+)
 
 log = logging.getLogger("geoserve.carm")
 T = TypeVar("T")
@@ -84,7 +89,7 @@ class WallCarm:
         self.call_timeout_s = min(1.0, slot_s / 4) if call_timeout_s is None else call_timeout_s
         if not self.call_timeout_s > 0:
             raise InvalidInput("call_timeout_s", f"must be > 0, got {self.call_timeout_s}")
-        self._channels = {dc: grpc.aio.insecure_channel(a) for dc, a in dc_addresses.items()}
+        self._channels = {dc: open_channel(a) for dc, a in dc_addresses.items()}
         self._stubs = {dc: dgrpc.DatacenterStub(ch) for dc, ch in self._channels.items()}
         self.metrics = metrics
         self.last_latency_s = 0.0

@@ -13,6 +13,7 @@ from services.datacenter.dc import DC_DEFAULTS, ROUTINGS, DcConfig
 from services.model.carbon import ConstantCI
 from services.model.errors import GeoServeError
 from services.runtime.clock import WallClock
+from services.runtime.grpcutil import add_tls_args, apply_tls_args
 from services.runtime.metrics import add_metrics_args
 
 
@@ -36,12 +37,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epoch", type=float, default=None, help="run epoch, unix seconds")
     p.add_argument("--drain-grace", type=float, default=5.0, help="SIGTERM drain, wall s")
     add_metrics_args(p)
+    add_tls_args(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = build_parser().parse_args(argv)
+    try:
+        apply_tls_args(args)
+    except GeoServeError as exc:
+        print(f"datacenter: error: {exc}", file=sys.stderr)
+        return 2
     from services.datacenter.dc import Datacenter
     from services.datacenter.server import serve
     from services.runtime.grpcutil import listen_address

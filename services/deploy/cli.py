@@ -44,7 +44,30 @@ def cmd_dashboards(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tls_certs(args: argparse.Namespace) -> int:
+    """Write a private CA and a certificate/key for every service (mutual TLS)."""
+    from services.deploy.compose import dc_service, scheduler_service
+    from services.deploy.tls import make_certs
+
+    hosts = list(args.host or [])
+    if args.topology:
+        topo = load_topology(args.topology)
+        hosts += ["provisioner", "loadgen", "carm", *(dc_service(d.name) for d in topo.dcs),
+                  *(scheduler_service(r.name) for r in topo.regions)]
+    for path in make_certs(Path(args.out), hosts, args.days):
+        print(f"wrote {path}")
+    return 0
+
+
 def register(sub: Any) -> None:
+    t = sub.add_parser("tls-certs", help="make a private CA and a certificate for mutual TLS",
+                       description=cmd_tls_certs.__doc__)
+    t.add_argument("--out", required=True, help="folder for ca.pem, cert.pem, key.pem")
+    t.add_argument("--topology", default=None,
+                   help="also valid for the compose service names of this topology")
+    t.add_argument("--host", action="append", help="another host name (repeatable)")
+    t.add_argument("--days", type=int, default=30)
+    t.set_defaults(func=cmd_tls_certs)
     p = sub.add_parser("prometheus-config",
                        help="write the Prometheus scrape config and recording rules",
                        description=cmd_prometheus_config.__doc__ or __doc__)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from services.model.errors import GeoServeError, InvalidInput
+from services.runtime.grpcutil import add_tls_args, apply_tls_args
 from services.runtime.metrics import add_metrics_args
 
 
@@ -33,11 +34,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="emulated s to wait for records after the load ends")
     p.add_argument("--progress-every", type=float, default=5.0, help="wall s between lines")
     add_metrics_args(p)
+    add_tls_args(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        apply_tls_args(args)
+    except GeoServeError as exc:
+        print(f"loadgen: error: {exc}", file=sys.stderr)
+        return 2
     from services.config.topology import load_topology
     from services.loadgen.runtime import LoadGenerator
     from services.runtime.clock import WallClock

@@ -57,7 +57,7 @@ from services.loadgen.summary import (
 from services.model.errors import InvalidInput
 from services.provisioner.convert import window_stats_from_proto
 from services.runtime.clock import WallClock
-from services.runtime.grpcutil import CHANNEL_OPTIONS
+from services.runtime.grpcutil import CHANNEL_OPTIONS, open_channel
 from services.runtime.metrics import LoadgenMetrics
 from services.scheduler.summary import block_from_info
 
@@ -157,7 +157,7 @@ class LoadGenerator:
 
     async def _dc_states(self) -> dict[str, pb.DcState]:
         async def one(name: str, addr: str) -> tuple[str, pb.DcState | None]:
-            async with grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS) as ch:
+            async with open_channel(addr, options=CHANNEL_OPTIONS) as ch:
                 try:
                     r = await dgrpc.DatacenterStub(ch).GetState(dpb.GetStateRequest(), timeout=5)
                     return name, r.state
@@ -171,7 +171,7 @@ class LoadGenerator:
                                  ) -> ppb.ProvisionerStats | None:
         if not self.provisioner:
             return None
-        async with grpc.aio.insecure_channel(self.provisioner, options=CHANNEL_OPTIONS) as ch:
+        async with open_channel(self.provisioner, options=CHANNEL_OPTIONS) as ch:
             try:
                 return await pgrpc.ProvisionerStub(ch).GetStats(
                     ppb.GetStatsRequest(since_s=since_s, until_s=until_s), timeout=5)
@@ -181,7 +181,7 @@ class LoadGenerator:
     async def _scheduler_info(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for region, addr in self.schedulers.items():
-            async with grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS) as ch:
+            async with open_channel(addr, options=CHANNEL_OPTIONS) as ch:
                 try:
                     i = await sgrpc.SchedulerStub(ch).Info(spb.SchedulerInfoRequest(), timeout=5)
                     out[region] = block_from_info(i)
@@ -225,7 +225,7 @@ class LoadGenerator:
             await done.wait()  # keep the stream open until every record is back
 
         try:
-            async with grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS) as ch:
+            async with open_channel(addr, options=CHANNEL_OPTIONS) as ch:
                 call = sgrpc.SchedulerStub(ch).Submit(gen())
                 async for ev in call:
                     if ev.kind != pb.FINISHED:

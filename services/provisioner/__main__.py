@@ -19,7 +19,7 @@ from services.provisioner.core import ProvisionerCore
 from services.provisioner.driver import core_for_topology
 from services.provisioner.server import WallProvisioner, serve
 from services.runtime.clock import WallClock
-from services.runtime.grpcutil import parse_addr_map
+from services.runtime.grpcutil import add_tls_args, apply_tls_args, parse_addr_map
 from services.runtime.metrics import (
     ProvisionerMetrics,
     add_metrics_args,
@@ -48,12 +48,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epoch", type=float, default=None, help="run epoch, unix seconds")
     p.add_argument("--stop-grace", type=float, default=1.0, help="SIGTERM stop grace, wall s")
     add_metrics_args(p)
+    add_tls_args(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = build_parser().parse_args(argv)
+    try:
+        apply_tls_args(args)
+    except GeoServeError as exc:
+        print(f"provisioner: error: {exc}", file=sys.stderr)
+        return 2
     from services.config.topology import load_topology
     from services.runtime.grpcutil import listen_address
 

@@ -27,7 +27,12 @@ from services.provisioner.convert import batch_occupancy, snapshot_to_proto
 from services.provisioner.core import Poll, ProvisionerCore, SnapshotData, Transition
 from services.provisioner.driver import ProvisionerDriver
 from services.runtime.clock import WallClock
-from services.runtime.grpcutil import install_signal_handlers, set_not_serving, start_server
+from services.runtime.grpcutil import (
+    install_signal_handlers,
+    open_channel,
+    set_not_serving,
+    start_server,
+)
 from services.runtime.metrics import ProvisionerMetrics
 
 log = logging.getLogger("geoserve.provisioner")
@@ -75,7 +80,7 @@ class WallProvisioner:
             raise InvalidInput("poll_timeout_s", f"must be > 0, got {self.poll_timeout_s}")
         opts = client_channel_options(clock.wall_delay(core.period_s),
                                       clock.wall_delay(self.poll_timeout_s))
-        self._channels = {dc: grpc.aio.insecure_channel(a, options=opts)
+        self._channels = {dc: open_channel(a, options=opts)
                           for dc, a in dc_addresses.items()}
         self._stubs = {dc: dgrpc.DatacenterStub(ch) for dc, ch in self._channels.items()}
         self.latest: pb.Snapshot | None = None

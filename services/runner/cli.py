@@ -12,6 +12,7 @@ from typing import Any
 
 from services.config.topology import ROOT, Topology, load_topology
 from services.model.errors import InvalidInput
+from services.runtime.grpcutil import add_tls_args
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -31,6 +32,7 @@ def register(sub: Any) -> None:
                          description=__doc__)
     _add_common(run)
     run.add_argument("--dilation", type=float, default=None, help="time dilation factor k >= 1")
+    add_tls_args(run)
     run.add_argument("--prometheus", action="store_true",
                      help="also run a Prometheus server (prometheus on PATH) scraping every "
                           "service into <out>/prom")
@@ -126,6 +128,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from services.loadgen.records import RecordJournal
     from services.loadgen.runtime import rebuild_outputs
     from services.runner.local import LocalRun
+    from services.runtime.grpcutil import apply_tls_args
+
+    apply_tls_args(args)  # every service inherits it: mutual TLS on every link
 
     topo = _topology(args)
     if not topo.regions:

@@ -33,11 +33,10 @@ from pathlib import Path
 
 from services.config.topology import ROOT, Topology
 from services.model.errors import Unavailable
+from services.runtime.grpcutil import open_channel
 
 PR_SET_PDEATHSIG = 1
-# the runner forks service processes while its own gRPC client (health checks) is alive
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+# GRPC_ENABLE_FORK_SUPPORT=false is set in services/runner/__init__.py, before grpc loads
 
 
 def _die_with_parent() -> None:  # runs in the child before exec
@@ -212,7 +211,7 @@ class LocalRun:
         from geoserve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
         async def ready(addr: str) -> bool:
-            async with grpc.aio.insecure_channel(addr) as ch:
+            async with open_channel(addr) as ch:
                 try:
                     info = await scheduler_pb2_grpc.SchedulerStub(ch).Info(
                         scheduler_pb2.SchedulerInfoRequest(), timeout=2.0)

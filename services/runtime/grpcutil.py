@@ -13,7 +13,9 @@ import asyncio
 import os
 import signal
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -70,6 +72,87 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         )
 
 
+# ---------------------------------------------------------------------------- mutual TLS
+TLS_ENV = {"cert": "GEOSERVE_TLS_CERT", "key": "GEOSERVE_TLS_KEY", "ca": "GEOSERVE_TLS_CA"}
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM contents of this service's certificate chain, its key and the CA that signs
+    every service's certificate (servers require a client certificate from that CA)."""
+
+    cert: bytes
+    key: bytes
+    ca: bytes
+
+
+def tls_from_env(env: Mapping[str, str] | None = None) -> TlsFiles | None:
+    """Mutual TLS from ``GEOSERVE_TLS_CERT/KEY/CA`` (file paths): all three or none."""
+    e = os.environ if env is None else env
+    paths = {k: e.get(v, "") for k, v in TLS_ENV.items()}
+    if not any(paths.values()):
+        return None
+    missing = [TLS_ENV[k] for k, v in paths.items() if not v]
+    if missing:
+        raise InvalidInput(missing[0], "mutual TLS needs a certificate, its key and the CA "
+                                       f"({', '.join(TLS_ENV.values())})")
+    data = {}
+    for k, path in paths.items():
+        try:
+            data[k] = Path(path).read_bytes()
+        except OSError as exc:
+            raise InvalidInput(TLS_ENV[k], f"cannot read {path}: {exc.strerror}") from None
+    return TlsFiles(**data)
+
+
+def add_tls_args(p: Any) -> None:
+    """``--tls-cert/--tls-key/--tls-ca``: mutual TLS for this service's server and every
+    channel it opens (default: ``$GEOSERVE_TLS_CERT`` etc.; none: plaintext)."""
+    for k, var in TLS_ENV.items():
+        p.add_argument(f"--tls-{k}", default=None, help=f"PEM file (default ${var})")
+
+
+def apply_tls_args(args: Any) -> None:
+    """Export the TLS flags to the environment, so every channel of the process uses them."""
+    for k, var in TLS_ENV.items():
+        v = getattr(args, f"tls_{k}", None)
+        if v:
+            os.environ[var] = v
+    tls_from_env()  # fail now, naming the variable, rather than at the first call
+
+
+def open_channel(address: str, options: Sequence[tuple[str, Any]] | None = None
+                 ) -> grpc.aio.Channel:
+    """An aio channel to a GeoServe service: mutual TLS when configured, else plaintext."""
+    opts = list(CHANNEL_OPTIONS if options is None else options)
+    tls = tls_from_env()
+    if tls is None:
+        return grpc.aio.insecure_channel(address, options=opts)
+    creds = grpc.ssl_channel_credentials(root_certificates=tls.ca, private_key=tls.key,
+                                         certificate_chain=tls.cert)
+    return grpc.aio.secure_channel(address, creds, options=opts)
+
+
+def open_sync_channel(address: str) -> grpc.Channel:
+    """The blocking-API twin of `open_channel` (health probes)."""
+    tls = tls_from_env()
+    if tls is None:
+        return grpc.insecure_channel(address)
+    creds = grpc.ssl_channel_credentials(root_certificates=tls.ca, private_key=tls.key,
+                                         certificate_chain=tls.cert)
+    return grpc.secure_channel(address, creds)
+
+
+def add_port(server: grpc.aio.Server, address: str) -> int:
+    """Bind `address`: with mutual TLS, clients must present a certificate from the CA."""
+    tls = tls_from_env()
+    if tls is None:
+        return server.add_insecure_port(address)
+    creds = grpc.ssl_server_credentials([(tls.key, tls.cert)], root_certificates=tls.ca,
+                                        require_client_auth=True)
+    return server.add_secure_port(address, creds)
+
+
 async def start_server(
     adders: Sequence[tuple[Callable[[Any, grpc.aio.Server], None], Any]],
     service_names: Sequence[str],
@@ -87,7 +170,7 @@ async def start_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
     reflection.enable_server_reflection(names, server)
-    port = server.add_insecure_port(address)
+    port = add_port(server, address)
     if port == 0:
         raise InvalidInput("address", f"cannot bind {address!r}")
     await server.start()
@@ -131,7 +214,7 @@ async def wait_healthy(address: str, timeout_s: float = 30.0, service: str = "")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     last: Exception | None = None
-    async with grpc.aio.insecure_channel(address) as ch:
+    async with open_channel(address) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while loop.time() < deadline:
             try:

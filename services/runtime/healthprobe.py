@@ -13,6 +13,8 @@ import argparse
 import os
 import sys
 
+from services.runtime.grpcutil import open_sync_channel
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m services.runtime.healthprobe",
@@ -30,7 +32,7 @@ def probe(address: str, service: str = "", timeout_s: float = 3.0) -> tuple[bool
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    with open_sync_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service),

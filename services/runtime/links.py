@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from services.runtime.grpcutil import CHANNEL_OPTIONS
+from services.runtime.grpcutil import CHANNEL_OPTIONS, open_channel
 
 log = logging.getLogger("geoserve.links")
 
@@ -72,7 +72,7 @@ class StreamLink:
     async def _run(self) -> None:
         backoff = 0.2
         while True:
-            async with grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS) as ch:
+            async with open_channel(self.address, options=CHANNEL_OPTIONS) as ch:
                 try:
                     await asyncio.wait_for(ch.channel_ready(), self._connect_timeout)
                     # each connection reads its own queue: a dead call's request iterator

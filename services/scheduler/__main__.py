@@ -9,6 +9,7 @@ import os
 import sys
 
 from services.model.errors import GeoServeError, InvalidInput
+from services.runtime.grpcutil import add_tls_args, apply_tls_args
 from services.runtime.metrics import add_metrics_args
 
 
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dilation", type=float, default=None)
     p.add_argument("--epoch", type=float, default=None, help="run epoch, unix seconds")
     add_metrics_args(p)
+    add_tls_args(p)
     return p
 
 
@@ -54,6 +56,11 @@ def parse_kv(text: str, field: str) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = build_parser().parse_args(argv)
+    try:
+        apply_tls_args(args)
+    except GeoServeError as exc:
+        print(f"scheduler: error: {exc}", file=sys.stderr)
+        return 2
     from services.config.topology import load_topology
     from services.runtime.clock import WallClock
     from services.runtime.grpcutil import parse_addr_map

@@ -40,6 +40,7 @@ from services.runtime.clock import WallClock
 from services.runtime.grpcutil import (
     CHANNEL_OPTIONS,
     install_signal_handlers,
+    open_channel,
     serve_event_stream,
     set_not_serving,
     start_server,
@@ -146,7 +147,7 @@ class SchedulerRuntime:
         assert self.provisioner is not None
         while True:
             try:
-                async with grpc.aio.insecure_channel(self.provisioner,
+                async with open_channel(self.provisioner,
                                                      options=CHANNEL_OPTIONS) as ch:
                     stub = pgrpc.ProvisionerStub(ch)
                     async for snap in stub.Watch(
