@@ -157,6 +157,11 @@ def _layout(topo: Topology, out_dir: Path) -> dict[str, Any]:
         # interface of the compose network
         "GEOSERVE_ADDRESS": f"0.0.0.0:{GRPC_PORT}",
         "METRICS_ADDR": "0.0.0.0",
+        # mutual TLS when set: paths inside the containers (mount the files with an
+        # override file; `geoserve tls-certs --topology T` makes them for these host names)
+        "GEOSERVE_TLS_CERT": "${GEOSERVE_TLS_CERT:-}",
+        "GEOSERVE_TLS_KEY": "${GEOSERVE_TLS_KEY:-}",
+        "GEOSERVE_TLS_CA": "${GEOSERVE_TLS_CA:-}",
         "GEOSERVE_TOPOLOGY": ref,
         "GEOSERVE_EPOCH": "${GEOSERVE_EPOCH:-}",
         "GEOSERVE_EPOCH_FILE": f"{EPOCH_DIR}/epoch",
@@ -408,6 +413,11 @@ def render_env(topo: Topology) -> str:
         "RESULTS_DIR=./results",
         f"GEOSERVE_UID={UID}",
         f"GEOSERVE_GID={UID}",
+        "",
+        "# Mutual TLS between the services (empty = plaintext): paths inside the containers",
+        "GEOSERVE_TLS_CERT=",
+        "GEOSERVE_TLS_KEY=",
+        "GEOSERVE_TLS_CA=",
         "",
         "# Schedulers: image, policy (empty = the topology's) and policy settings (k=v,k=v)",
         "# per region; `geoserve swap-scheduler` replaces one in a running deployment",
