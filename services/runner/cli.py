@@ -74,6 +74,9 @@ def _out_dir(args: argparse.Namespace, topo: Topology, runtime: str) -> Path:
     return ROOT / "results" / f"{topo.name}-{policy}-{runtime}-{stamp}"
 
 
+EXIT_SERVICE_DIED = 3  # the run finished and wrote its results, but a service died in it
+
+
 def cmd_rebuild(args: argparse.Namespace) -> int:
     """Rebuild records.csv and a partial summary.json of a run whose load generator died."""
     from services.loadgen.runtime import rebuild_outputs
@@ -176,8 +179,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, old)
         signal.signal(signal.SIGINT, old_int)
     if runner.crashed:
-        print(f"services that died during the run: {', '.join(runner.crashed)}",
-              file=sys.stderr)
+        print(f"geoserve run: services that died during the run: "
+              f"{', '.join(runner.crashed)} (see their logs in {out / 'logs'}); the results "
+              "are written, the exit status says the run was not clean (3)", file=sys.stderr)
+        rc = rc or EXIT_SERVICE_DIED
     summary_path = out / "summary.json"
     lg = runner.loadgen_exit()
     if lg is not None and lg != 0 and rc == 0:
