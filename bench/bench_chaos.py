@@ -20,59 +20,30 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from services.config.topology import ROOT  # noqa: E402
+from runproc import children, start_run  # noqa: E402
 
-KINDS = ("services.datacenter", "services.scheduler", "services.provisioner")
+KINDS = ("datacenter", "scheduler", "provisioner")
 
 
-def _children(pid: int) -> dict[int, str]:
-    """Service processes started by the runner `pid`: pid -> module."""
-    out = {}
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            stat = (p / "stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            cmd = (p / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == pid:
-            args = [c.decode(errors="replace") for c in cmd]
-            mod = next((a for a in args if a in KINDS), None)
-            if mod is not None:
-                name = next((args[i + 1] for i, a in enumerate(args[:-1])
-                             if a in ("--dc", "--region")), "")
-                out[int(p.name)] = f"{mod.split('.')[1]} {name}".strip()
-    return out
+def _victims(pid: int) -> dict[int, str]:
+    return {p: n for p, n in children(pid).items() if n.split()[0] in KINDS}
 
 
 def chaos_run(topology: str, duration: float, rate: float, faults: int, seed: int,
               out: Path) -> dict:
     rng = random.Random(seed)
-    log = out.parent / f"{out.name}.log"
-    with log.open("wb") as fh:
-        runner = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "run", "--topology", topology,
-             "--duration", str(duration), "--rate", str(rate), "--out", str(out)],
-            cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
     done: list[dict] = []
+    runner, log = start_run(["--topology", topology, "--duration", str(duration),
+                             "--rate", str(rate)], out)
     try:
-        deadline = time.monotonic() + 120
-        while "load:" not in log.read_text() and runner.poll() is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the load did not start")
-            time.sleep(0.1)
         t0 = time.monotonic()
         times = sorted(rng.uniform(1.0, max(duration - 3.0, 1.5)) for _ in range(faults))
         stopped: list[tuple[float, int]] = []
@@ -83,7 +54,7 @@ def chaos_run(topology: str, duration: float, rate: float, faults: int, seed: in
                         os.kill(pid, signal.SIGCONT)
                         stopped.remove((until, pid))
                 time.sleep(0.05)
-            victims = _children(runner.pid)
+            victims = _victims(runner.pid)
             if not victims:
                 break
             pid = rng.choice(sorted(victims))

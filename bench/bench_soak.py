@@ -18,36 +18,14 @@ import csv
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from services.config.topology import ROOT  # noqa: E402
-
-
-def _tree(pid: int) -> dict[int, str]:
-    """The runner and its child processes: pid -> short name."""
-    out = {pid: "geoserve run"}
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            args = [a.decode(errors="replace")
-                    for a in (p / "cmdline").read_bytes().split(b"\0") if a]
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid != pid:
-            continue
-        mod = next((a for a in args if a.startswith("services.")), "?")
-        name = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--dc", "--region")),
-                    "")
-        out[int(p.name)] = f"{mod.split('.')[-1]} {name}".strip()
-    return out
+from runproc import children, start_run  # noqa: E402
 
 
 def _rss_kib(pid: int) -> int | None:
@@ -61,20 +39,13 @@ def _rss_kib(pid: int) -> int | None:
 
 
 def soak(topology: str, rate: float, duration: float, every: float, out: Path) -> dict:
-    log = out.parent / f"{out.name}.log"
-    with log.open("wb") as fh:
-        runner = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "run", "--topology", topology, "--rate",
-             str(rate), "--duration", str(duration), "--out", str(out)],
-            cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
     samples: dict[str, list[tuple[float, int]]] = {}
+    runner, _ = start_run(["--topology", topology, "--rate", str(rate), "--duration",
+                           str(duration)], out)
     try:
-        while "load:" not in log.read_text() and runner.poll() is None:
-            time.sleep(0.2)
         t0 = time.monotonic()
         while runner.poll() is None:
-            for pid, name in _tree(runner.pid).items():
+            for pid, name in {runner.pid: "geoserve run", **children(runner.pid)}.items():
                 kib = _rss_kib(pid)
                 if kib is not None:
                     samples.setdefault(name, []).append((time.monotonic() - t0, kib))

@@ -43,11 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = build_parser().parse_args(argv)
-    try:
-        apply_tls_args(args)
-    except GeoServeError as exc:
-        print(f"carm: error: {exc}", file=sys.stderr)
-        return 2
+    apply_tls_args(args, "carm")
     from services.carm.live import CarmLive
     from services.carm.server import CarmMetrics, WallCarm, serve
     from services.config.topology import load_topology

@@ -44,11 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = build_parser().parse_args(argv)
-    try:
-        apply_tls_args(args)
-    except GeoServeError as exc:
-        print(f"datacenter: error: {exc}", file=sys.stderr)
-        return 2
+    apply_tls_args(args, "datacenter")
     from services.datacenter.dc import Datacenter
     from services.datacenter.server import serve
     from services.runtime.grpcutil import listen_address

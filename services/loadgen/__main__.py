@@ -40,11 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        apply_tls_args(args)
-    except GeoServeError as exc:
-        print(f"loadgen: error: {exc}", file=sys.stderr)
-        return 2
+    apply_tls_args(args, "loadgen")
     from services.config.topology import load_topology
     from services.loadgen.runtime import LoadGenerator
     from services.runtime.clock import WallClock

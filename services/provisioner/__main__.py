@@ -55,11 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = build_parser().parse_args(argv)
-    try:
-        apply_tls_args(args)
-    except GeoServeError as exc:
-        print(f"provisioner: error: {exc}", file=sys.stderr)
-        return 2
+    apply_tls_args(args, "provisioner")
     from services.config.topology import load_topology
     from services.runtime.grpcutil import listen_address
 

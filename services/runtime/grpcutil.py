@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -112,13 +113,21 @@ def add_tls_args(p: Any) -> None:
         p.add_argument(f"--tls-{k}", default=None, help=f"PEM file (default ${var})")
 
 
-def apply_tls_args(args: Any) -> None:
-    """Export the TLS flags to the environment, so every channel of the process uses them."""
+def apply_tls_args(args: Any, prog: str = "") -> None:
+    """Export the TLS flags to the environment, so every channel of the process uses them.
+    With `prog` (a service's main), a bad setting ends the process with status 2 and a
+    message naming the flag or variable; without, it raises `InvalidInput`."""
     for k, var in TLS_ENV.items():
         v = getattr(args, f"tls_{k}", None)
         if v:
             os.environ[var] = v
-    tls_from_env()  # fail now, naming the variable, rather than at the first call
+    try:
+        tls_from_env()  # fail now, naming the variable, rather than at the first call
+    except InvalidInput as exc:
+        if not prog:
+            raise
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def open_channel(address: str, options: Sequence[tuple[str, Any]] | None = None

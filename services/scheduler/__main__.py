@@ -56,11 +56,7 @@ def parse_kv(text: str, field: str) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = build_parser().parse_args(argv)
-    try:
-        apply_tls_args(args)
-    except GeoServeError as exc:
-        print(f"scheduler: error: {exc}", file=sys.stderr)
-        return 2
+    apply_tls_args(args, "scheduler")
     from services.config.topology import load_topology
     from services.runtime.clock import WallClock
     from services.runtime.grpcutil import parse_addr_map
