@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -62,7 +61,6 @@ class WallDcRuntime:
         self.clock = clock
         self.resync_s = resync_s
         self.driver = DcDriver(dc, clock, self._dispatch, resync_s)
-        self.records: deque[pb.RequestRecord] = deque(maxlen=100_000)
         self.stopped = False
         self.in_flight_ids: set[str] = set()  # request identity: one request per id at a time
         self.on_completed: Callable[[pb.RequestRecord], None] | None = None  # metrics hook
@@ -116,11 +114,9 @@ class WallDcRuntime:
         rec = failed_record(
             clipped(request), pb.REJECTED, str(exc), exc.status_code, self.dc.config.name, now
         )
-        self.records.append(rec)
         return _finished_event(rec, now, self.dc.config.name)
 
     def _deliver(self, rec: pb.RequestRecord, sink: Sink | None, now: float) -> None:
-        self.records.append(rec)
         if sink is not None:
             sink(_finished_event(rec, now, self.dc.config.name))
 
