@@ -260,8 +260,12 @@ class LocalRun:
                 f.result()
 
     def _watch(self) -> None:
+        """Name every service that exits on its own during the run (the load generator's
+        exit is the end of the load: `geoserve run` reports how it ended)."""
         while not self._stop_watch.wait(0.5):
-            for p in self.procs.values():
+            for p in list(self.procs.values()):
+                if p.name == "loadgen":
+                    continue
                 if p.popen is not None and p.popen.poll() is not None and not p.expected_exit:
                     if p.name not in self.crashed:
                         self.crashed.append(p.name)
