@@ -166,17 +166,21 @@ def _parse_hour(path: Path, row: int, text: str) -> datetime:
         ) from exc
 
 
-def load_ci_trace_with_times(path: str | Path, zone: str) -> tuple[np.ndarray, datetime]:
-    """Load one zone's hourly CI (gCO2/kWh) and the UTC time of its first hour."""
-    p = Path(path)
+# Parsed trace files by (path, mtime, size): a topology's DCs share a few files, and
+# both the DCs and the CA-RM controller read them.
+_TRACE_FILES: dict[tuple[str, int, int], tuple[list[str], datetime, list[list[str]]]] = {}
+
+
+def _trace_rows(p: Path) -> tuple[list[str], datetime, list[list[str]]]:
+    """(header, first hour, data rows) of a CI trace file, its rows checked for field
+    count and consecutive hours; parsed once per file version."""
+    st = p.stat()
+    key = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+    hit = _TRACE_FILES.get(key)
+    if hit is not None:
+        return hit
     header = _read_header(p)
-    try:
-        col = header.index(zone, 1)
-    except ValueError:
-        raise ConfigError(
-            str(p), zone, f"zone {zone!r} not in this CI trace; zones: {', '.join(header[1:])}"
-        ) from None
-    values: list[float] = []
+    rows: list[list[str]] = []
     first: datetime | None = None
     prev: datetime | None = None
     with p.open(newline="", encoding="utf-8") as fh:
@@ -198,17 +202,43 @@ def load_ci_trace_with_times(path: str | Path, zone: str) -> tuple[np.ndarray, d
             if first is None:
                 first = stamp
             prev = stamp
-            try:
-                v = float(rec[col])
-            except ValueError:
-                raise ConfigError(
-                    str(p), f"{zone} (row {i})", f"not a number: {rec[col]!r}"
-                ) from None
-            if not (math.isfinite(v) and v >= 0):
-                raise ConfigError(str(p), f"{zone} (row {i})", f"CI must be finite, >= 0: {v}")
-            values.append(v)
+            rec.append(str(i))  # the file row, for errors
+            rows.append(rec)
     if first is None:
-        raise ConfigError(str(p), zone, "CI trace has no data rows")
+        raise ConfigError(str(p), "", "CI trace has no data rows")
+    out = (header, first, rows)
+    _TRACE_FILES[key] = out
+    return out
+
+
+def load_ci_trace_with_times(path: str | Path, zone: str) -> tuple[np.ndarray, datetime]:
+    """Load one zone's hourly CI (gCO2/kWh) and the UTC time of its first hour."""
+    p = Path(path)
+    header = _read_header(p)
+    try:
+        col = header.index(zone, 1)
+    except ValueError:
+        raise ConfigError(
+            str(p), zone, f"zone {zone!r} not in this CI trace; zones: {', '.join(header[1:])}"
+        ) from None
+    try:
+        _, first, rows = _trace_rows(p)
+    except ConfigError as exc:
+        if exc.key:
+            raise
+        raise ConfigError(str(p), zone, exc.message) from None
+    values: list[float] = []
+    for rec in rows:
+        try:
+            v = float(rec[col])
+        except ValueError:
+            raise ConfigError(
+                str(p), f"{zone} (row {rec[-1]})", f"not a number: {rec[col]!r}"
+            ) from None
+        if not (math.isfinite(v) and v >= 0):
+            raise ConfigError(str(p), f"{zone} (row {rec[-1]})",
+                              f"CI must be finite, >= 0: {v}")
+        values.append(v)
     return np.asarray(values, dtype=np.float64), first
 
 

@@ -223,6 +223,17 @@ def _single(cls: Any, name: str, doc: str, labels: dict[str, str], value: float)
 
 
 # ---------------------------------------------------------------------------- datacenter
+def _series(cache: dict[tuple[int, tuple[str, ...]], Any], metric: Any,
+            labels: tuple[str, ...]) -> Any:
+    """`metric.labels(*labels)`, looked up once per series (the hot paths call it per
+    request)."""
+    key = (id(metric), labels)
+    child = cache.get(key)
+    if child is None:
+        child = cache[key] = metric.labels(*labels)
+    return child
+
+
 class DcMetrics:
     """Datacenter and engine series: state from the `Datacenter` core, latency histograms
     from finished requests (times measured at the DC: TTFT from the arrival at the first
@@ -231,6 +242,7 @@ class DcMetrics:
     def __init__(self, registry: CollectorRegistry | None = None,
                  per_engine: bool = True) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._cache: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.per_engine = per_engine
         self.dc: Datacenter | None = None
         self._now: Callable[[], float] = lambda: 0.0
@@ -278,13 +290,14 @@ class DcMetrics:
                      prompt_tokens: int, output_tokens: int) -> None:
         """One completed request (hook of the runtime's completion path)."""
         lab = self._labels()
-        self.ttft.labels(*lab).observe(ttft_s)
+        c = self._cache
+        _series(c, self.ttft, lab).observe(ttft_s)
         if output_tokens > 1:
-            self.tpot.labels(*lab).observe(tpot_s)
-        self.e2e.labels(*lab).observe(e2e_s)
-        self.queue.labels(*lab).observe(queue_s)
-        self.prompt_tokens.labels(*lab).inc(prompt_tokens)
-        self.generation_tokens.labels(*lab).inc(output_tokens)
+            _series(c, self.tpot, lab).observe(tpot_s)
+        _series(c, self.e2e, lab).observe(e2e_s)
+        _series(c, self.queue, lab).observe(queue_s)
+        _series(c, self.prompt_tokens, lab).inc(prompt_tokens)
+        _series(c, self.generation_tokens, lab).inc(output_tokens)
 
     def on_record(self, rec: Any) -> None:
         """A wall runtime's completed `RequestRecord` (protobuf)."""
@@ -392,6 +405,7 @@ class SchedulerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._cache: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.core: SchedulerCore | None = None
         self._now: Callable[[], float] = lambda: 0.0
         self._in_flight: Callable[[], int] = lambda: 0
@@ -430,8 +444,9 @@ class SchedulerMetrics:
         """One decision for a request that arrived at this region (not a forwarded one)."""
         core = self.core
         assert core is not None, "SchedulerMetrics.attach() first"
-        self.decisions.labels(core.region, core.policy.name, decision_outcome(d)).inc()
-        self.decision_s.labels(core.region, core.policy.name).observe(d.decision_s)
+        c = self._cache
+        _series(c, self.decisions, (core.region, core.policy.name, decision_outcome(d))).inc()
+        _series(c, self.decision_s, (core.region, core.policy.name)).observe(d.decision_s)
 
     def _build(self) -> list[Metric]:
         core = self.core
@@ -478,6 +493,7 @@ class ProvisionerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._cache: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.core: ProvisionerCore[Any] | None = None
         self._now: Callable[[], float] = lambda: 0.0
         self._watchers: Callable[[], int] = lambda: 0
@@ -546,6 +562,7 @@ class LoadgenMetrics:
     def __init__(self, policy_of: dict[str, str],
                  registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._cache: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.policy_of = dict(policy_of)
         self._now: Callable[[], float] = lambda: 0.0
         self.dilation = 1.0
@@ -594,26 +611,28 @@ class LoadgenMetrics:
         return region, self.policy_of.get(region, "")
 
     def on_emitted(self, region: str) -> None:
-        self.emitted.labels(*self._lab(region)).inc()
+        _series(self._cache, self.emitted, self._lab(region)).inc()
 
     def on_finished(self, row: RecordRow) -> None:
         lab = self._lab(row.origin_region)
-        self.finished.labels(*lab, row.state if row.state in REQUEST_STATUSES else "failed").inc()
+        c = self._cache
+        status = row.state if row.state in REQUEST_STATUSES else "failed"
+        _series(c, self.finished, (*lab, status)).inc()
         done = row.state == "completed"
         ttft_bad = not done or row.ttft_s > row.ttft_slo_s
         tpot_bad = not done or (row.output_tokens > 1 and row.tpot_s > row.tpot_slo_s)
         if ttft_bad:
-            self.ttft_violations.labels(*lab).inc()
+            _series(c, self.ttft_violations, lab).inc()
         if tpot_bad:
-            self.tpot_violations.labels(*lab).inc()
+            _series(c, self.tpot_violations, lab).inc()
         if ttft_bad or tpot_bad:
-            self.violations.labels(*lab).inc()
+            _series(c, self.violations, lab).inc()
         if done:
-            self.output_tokens.labels(*lab).inc(row.output_tokens)
-            self.ttft.labels(*lab).observe(row.ttft_s)
+            _series(c, self.output_tokens, lab).inc(row.output_tokens)
+            _series(c, self.ttft, lab).observe(row.ttft_s)
             if row.output_tokens > 1:
-                self.tpot.labels(*lab).observe(row.tpot_s)
-            self.e2e.labels(*lab).observe(row.e2e_s)
+                _series(c, self.tpot, lab).observe(row.tpot_s)
+            _series(c, self.e2e, lab).observe(row.e2e_s)
 
     def _build(self) -> list[Metric]:
         f = _Families({})

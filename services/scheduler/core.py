@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from services.config.topology import DcSpec, SchedulerSpec
 from services.model.state import RequestView, SnapshotView
+from services.scheduler.estimator import Projection
 from services.scheduler.policies.base import DecisionStats, Policy, zero_clock
 
 Clock = Callable[[], float]
@@ -102,10 +103,11 @@ class SchedulerCore:
         self.window_opened_s: float | None = None
         self.forward_window: list[tuple[str, str]] = []
         self.stats = SchedulerStats()
-        self._since: dict[str, tuple[float, float]] = {}  # dc -> (requests, prompt tokens)
         # each own dispatch stands for one per regional scheduler (project_peers)
         self.projection_scale = (float(len({d.region for d in dcs}) or 1)
                                  if spec.project_peers else 1.0)
+        # own dispatches since the snapshot (None: no snapshot, or project_dispatches off)
+        self._projection: Projection | None = None
         self.record_estimates = False
         # id -> (TTFT, TPOT) estimated on the snapshot, then on the projected view (s)
         self.estimates: dict[str, tuple[float, float, float, float]] = {}
@@ -120,34 +122,20 @@ class SchedulerCore:
     def on_snapshot(self, snap: SnapshotView, now: float) -> None:
         self.snapshot = snap
         self.snapshot_received_s = now
-        self._since.clear()
+        self._projection = (Projection(snap, self.projection_scale)
+                            if self.spec.project_dispatches else None)
 
     def view(self) -> SnapshotView | None:
         """The snapshot the policy sees: with ``project_dispatches``, the latest snapshot
         plus this scheduler's own dispatches since it was taken, as the iterative ILP
         projects a window: they join the batch up to the limit (the rest wait), their
-        prompts join the queue and the KV cache. Completions since the snapshot are not
-        subtracted, so the view errs on the loaded side until the next poll. With
-        ``project_peers`` each dispatch counts `projection_scale` times (one per
+        prompts join the queue and the KV cache (`Projection`). Completions since the
+        snapshot are not subtracted, so the view errs on the loaded side until the next
+        poll. With ``project_peers`` each dispatch counts `projection_scale` times (one per
         regional scheduler)."""
-        from services.scheduler.estimator import project_dispatches
-
-        snap = self.snapshot
-        if snap is None or not self.spec.project_dispatches or not self._since:
-            return snap
-        dcs = []
-        for d in snap.dcs:
-            n, tok = self._since.get(d.dc, (0.0, 0.0))
-            n, tok = n * self.projection_scale, tok * self.projection_scale
-            if n:
-                batch, waiting, queue, kv = project_dispatches(
-                    d.active_batch, d.waiting_requests, d.queue_tokens, d.kv_tokens,
-                    float(d.max_batch), float(d.engines), n, tok,
-                )
-                d = dataclasses.replace(d, active_batch=batch, waiting_requests=waiting,
-                                        queue_tokens=queue, kv_tokens=kv)
-            dcs.append(d)
-        return dataclasses.replace(snap, dcs=tuple(dcs))
+        if self._projection is None:
+            return self.snapshot
+        return self._projection.view()
 
     def snapshot_age(self, now: float) -> float:
         if self.snapshot is None:
@@ -221,10 +209,11 @@ class SchedulerCore:
         took = self.clock() - t0
         if self.record_estimates:
             self._record_estimates(reqs, view, decision.targets, now)
-        for r, dc in zip(reqs, decision.targets, strict=True):
-            if dc:
-                n, tok = self._since.get(dc, (0.0, 0.0))
-                self._since[dc] = (n + 1.0, tok + r.isl_tokens)
+        proj = self._projection
+        if proj is not None:
+            for r, dc in zip(reqs, decision.targets, strict=True):
+                if dc:
+                    proj.add(dc, r.isl_tokens)
         st.tally(decision.targets, decision.fallback, decision.fallback_reason)
         st.solver_status[decision.status] = st.solver_status.get(decision.status, 0) + 1
         out = []

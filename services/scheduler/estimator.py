@@ -76,7 +76,7 @@ from services.datacenter.perfmodel import (
     select,
 )
 from services.model.errors import InvalidInput
-from services.model.state import RequestView, SnapshotView
+from services.model.state import DcView, RequestView, SnapshotView
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -196,6 +196,80 @@ class DcArrays:
         return replace(self, batch=z, waiting=z, queue_tokens=z, kv_tokens=z, duty_ratio=z)
 
 
+class Projection:
+    """A scheduler's own dispatches since its latest snapshot, kept on that snapshot's DC
+    columns (`DcArrays`) in place: each dispatch re-projects its one DC from the
+    snapshot's values with `project_dispatches` (each dispatch counting `scale` times),
+    so a policy's view costs O(1) per dispatch instead of a snapshot rebuilt per
+    decision. `view()` is what the policy sees; the arrays change with the next `add`,
+    so a view is valid for the decision it was taken for."""
+
+    def __init__(self, base: SnapshotView, scale: float = 1.0) -> None:
+        self.base = base
+        self.scale = scale
+        self.index = {d.dc: i for i, d in enumerate(base.dcs)}
+        self.arrays = DcArrays.from_snapshot(base)   # owned: updated in place
+        self.n = [0.0] * len(self.index)
+        self.tokens = [0.0] * len(self.index)
+        self.dispatched = False
+
+    def add(self, dc: str, isl_tokens: float) -> None:
+        """One more dispatch of a request with `isl_tokens` prompt tokens to `dc`."""
+        i = self.index.get(dc)
+        if i is None:
+            return
+        self.n[i] += 1.0
+        self.tokens[i] += isl_tokens
+        d = self.base.dcs[i]
+        batch, waiting, queue, kv = project_dispatches(
+            d.active_batch, d.waiting_requests, d.queue_tokens, d.kv_tokens,
+            float(d.max_batch), float(d.engines), self.n[i] * self.scale,
+            self.tokens[i] * self.scale,
+        )
+        a = self.arrays  # the clamps of `DcArrays.from_snapshot`
+        a.batch[i] = max(float(batch), 0.0)
+        a.waiting[i] = max(float(waiting), 0.0)
+        a.queue_tokens[i] = max(float(queue), 0.0)
+        a.kv_tokens[i] = max(float(kv), 0.0)
+        self.dispatched = True
+
+    def view(self) -> SnapshotView:
+        return ProjectedSnapshot(self) if self.dispatched else self.base
+
+    def dc_views(self) -> tuple[DcView, ...]:
+        """The projected DCs as `DcView`s (DCs without dispatches: the snapshot's own)."""
+        out = []
+        for i, d in enumerate(self.base.dcs):
+            if self.n[i]:
+                batch, waiting, queue, kv = project_dispatches(
+                    d.active_batch, d.waiting_requests, d.queue_tokens, d.kv_tokens,
+                    float(d.max_batch), float(d.engines), self.n[i] * self.scale,
+                    self.tokens[i] * self.scale,
+                )
+                d = replace(d, active_batch=batch, waiting_requests=waiting,
+                            queue_tokens=queue, kv_tokens=kv)
+            out.append(d)
+        return tuple(out)
+
+
+class ProjectedSnapshot(SnapshotView):
+    """A snapshot as a `Projection` sees it: seq, time and RTTs of the snapshot, DC
+    columns from the projection (`Estimator.dc_arrays`), `dcs` built on demand."""
+
+    projection: Projection
+
+    def __init__(self, projection: Projection) -> None:  # noqa: D107
+        base = projection.base
+        object.__setattr__(self, "projection", projection)
+        object.__setattr__(self, "seq", base.seq)
+        object.__setattr__(self, "time_s", base.time_s)
+        object.__setattr__(self, "rtt_s", base.rtt_s)
+
+    @property  # type: ignore[override]
+    def dcs(self) -> tuple[DcView, ...]:
+        return self.projection.dc_views()
+
+
 @dataclass(frozen=True)
 class RequestArrays:
     """A window of requests as column arrays."""
@@ -266,6 +340,7 @@ class Estimator:
         self._last_snapshot: SnapshotView | None = None
         self._last_dcs: DcArrays | None = None
         self._rtt_rows: dict[str, FloatArray] = {}
+        self._eligible: dict[str, list[int]] = {}
 
     # --- caches ------------------------------------------------------------------------
     def perf_model(self, setup: str) -> PerfModel:
@@ -297,12 +372,29 @@ class Estimator:
         return co
 
     def dc_arrays(self, snapshot: SnapshotView) -> DcArrays:
-        """Column view of a snapshot's DCs (cached for the last snapshot object)."""
+        """Column view of a snapshot's DCs (cached for the last snapshot object; a
+        `ProjectedSnapshot`'s are its projection's)."""
+        if isinstance(snapshot, ProjectedSnapshot):
+            self.dc_arrays(snapshot.projection.base)
+            return snapshot.projection.arrays
         if snapshot is not self._last_snapshot or self._last_dcs is None:
             self._last_snapshot = snapshot
             self._last_dcs = DcArrays.from_snapshot(snapshot)
             self._rtt_rows = {}
+            self._eligible = {}
         return self._last_dcs
+
+    def eligible_indices(self, snapshot: SnapshotView, model: str) -> list[int]:
+        """Indices (snapshot order) of the DCs that are up and serve `model` (empty: any),
+        cached per snapshot: the per-request path of round-robin and least-loaded."""
+        dcs = self.dc_arrays(snapshot)
+        key = model.lower()
+        hit = self._eligible.get(key)
+        if hit is None:
+            hit = [i for i, (up, m) in enumerate(zip(dcs.up.tolist(), dcs.models, strict=True))
+                   if up and (not key or not m or m == key)]
+            self._eligible[key] = hit
+        return hit
 
     def _rtt_row(self, snapshot: SnapshotView, dcs: DcArrays, origin: str) -> FloatArray:
         self.dc_arrays(snapshot)  # resets the row cache on a new snapshot

@@ -166,7 +166,8 @@ class SimRun:
         for spec in topo.dcs:
             dc = build_datacenter(topo, spec.name, 0.0)
             self.dcs[spec.name] = dc
-            self.drivers[spec.name] = DcDriver(dc, self.clock, self._dc_sink(spec.name))
+            self.drivers[spec.name] = DcDriver(dc, self.clock, self._dc_sink(spec.name),
+                                               record_lateness=False)
         policy_clock = time.perf_counter if charge_solver_time else zero_clock
         self.schedulers: dict[str, SchedulerCore] = {}
         self.sched: dict[str, SchedulerDriver] = {}

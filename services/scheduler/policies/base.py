@@ -25,6 +25,7 @@ Rules / theory of operation
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -143,12 +144,15 @@ class RoundRobin:
 
     def pick(self, mask: BoolArray) -> int:
         """Next eligible index from the cursor on, or -1 if none is eligible."""
-        n = int(mask.shape[0])
-        if n == 0 or not bool(mask.any()):
+        return self.pick_index(np.flatnonzero(mask).tolist(), int(mask.shape[0]))
+
+    def pick_index(self, eligible: Sequence[int], n: int) -> int:
+        """Next of the sorted `eligible` indices (out of `n`) from the cursor on,
+        wrapping around, or -1 if there is none."""
+        if not eligible or n == 0:
             return -1
-        start = self._pos % n
-        order = np.concatenate([np.arange(start, n), np.arange(0, start)])
-        idx = int(order[np.argmax(mask[order])])
+        k = bisect_left(eligible, self._pos % n)
+        idx = eligible[k] if k < len(eligible) else eligible[0]
         self._pos = idx + 1
         return idx
 
@@ -249,14 +253,15 @@ class Policy:
     def build(
         self,
         names: Sequence[str],
-        assign: IntArray,
+        assign: IntArray | Sequence[int],
         reasons: Sequence[str],
         status: str,
         **extra: Any,
     ) -> Decision:
         """The Decision for final DC indices `assign` (-1: None); records the stats."""
+        idx = assign.tolist() if isinstance(assign, np.ndarray) else assign
         d = Decision(
-            targets=tuple(names[i] if i >= 0 else None for i in assign.tolist()),
+            targets=tuple(names[i] if i >= 0 else None for i in idx),
             fallback=tuple(bool(w) for w in reasons),
             fallback_reason=tuple(reasons),
             status=status,

@@ -14,9 +14,9 @@ Rules / theory of operation
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-import numpy as np
 
 from services.model.state import RequestView, SnapshotView
 from services.scheduler.policies.base import Decision, Policy, PolicyDeps
@@ -38,18 +38,26 @@ class LeastLoadedPolicy(Policy):
         if snapshot.seq != self._seq:
             self._seq = snapshot.seq
             self._pending = {}
-        _, dcs, elig = self.estimator.eligibility(requests, snapshot, region)
-        pending = np.array([self._pending.get(n, 0.0) for n in dcs.names], dtype=np.float64)
-        eng = np.maximum(dcs.engines, 1.0)
-        tie = dcs.queue_tokens / (1.0 + float(dcs.queue_tokens.max(initial=0.0)))
-        assign = np.full(len(requests), -1, dtype=np.int64)
-        for r in range(len(requests)):
-            load = (dcs.batch + dcs.waiting + pending) / dcs.max_batch + 1e-9 * tie
-            load = np.where(elig[r], load, np.inf)
-            d = int(np.argmin(load))
-            if np.isfinite(load[d]):
-                assign[r] = d
-                pending[d] += 1.0 / eng[d]
-        for i, n in enumerate(dcs.names):
-            self._pending[n] = float(pending[i])
+        est = self.estimator
+        dcs = est.dc_arrays(snapshot)
+        names = dcs.names
+        pending = [self._pending.get(n, 0.0) for n in names]
+        base = (dcs.batch + dcs.waiting).tolist()
+        max_batch = dcs.max_batch.tolist()
+        q = dcs.queue_tokens.tolist()
+        q_top = 1.0 + max([0.0, *q])
+        tie = [1e-9 * (x / q_top) for x in q]
+        inv_eng = [1.0 / max(e, 1.0) for e in dcs.engines.tolist()]
+        assign = []
+        for r in requests:  # plain floats: a few eligible DCs per request
+            best, best_load = -1, math.inf
+            for d in est.eligible_indices(snapshot, r.model):
+                load = (base[d] + pending[d]) / max_batch[d] + tie[d]
+                if load < best_load:
+                    best, best_load = d, load
+            assign.append(best)
+            if best >= 0:
+                pending[best] += inv_eng[best]
+        for i, n in enumerate(names):
+            self._pending[n] = pending[i]
         return self.build(dcs.names, assign, [""] * len(requests), "heuristic")

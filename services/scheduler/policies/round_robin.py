@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from services.model.state import RequestView, SnapshotView
 from services.scheduler.policies.base import (
     Decision,
@@ -34,6 +32,8 @@ class RoundRobinPolicy(Policy):
     def decide_window(
         self, requests: Sequence[RequestView], snapshot: SnapshotView, region: str, now_s: float
     ) -> Decision:
-        _, dcs, elig = self.estimator.eligibility(requests, snapshot, region)
-        assign = np.array([self._rr.pick(elig[r]) for r in range(len(requests))], dtype=np.int64)
-        return self.build(dcs.names, assign, [""] * len(requests), "heuristic")
+        names = self.estimator.dc_arrays(snapshot).names
+        est = self.estimator
+        assign = [self._rr.pick_index(est.eligible_indices(snapshot, r.model), len(names))
+                  for r in requests]
+        return self.build(names, assign, [""] * len(requests), "heuristic")
