@@ -56,6 +56,7 @@ class DcConfig:
     duty_window_s: float = 1.0
     renewable_ci_g_per_kwh: float = 0.0
     faithful_lateness_s: float = 0.005   # p99 wake-up lateness (emulated s) for a faithful run
+    decode_run_steps: int = 32           # decode steps an engine plans at once (1: one by one)
 
     def validate(self, tp: int) -> None:
         if self.nodes < 1:
@@ -66,6 +67,8 @@ class DcConfig:
             )
         if not self.pue >= 1.0:
             raise InvalidInput("pue", f"must be >= 1.0, got {self.pue}")
+        if self.decode_run_steps < 1:
+            raise InvalidInput("decode_run_steps", f"must be >= 1, got {self.decode_run_steps}")
         if self.routing not in ROUTINGS:
             raise InvalidInput("routing", f"expected one of {ROUTINGS}, got {self.routing!r}")
 
@@ -155,7 +158,8 @@ class Datacenter:
         self.perf = PerfModel(cal)
         self.engines_per_node = config.gpus_per_node // cal.tp
         ecfg = EngineConfig(
-            max_queue=config.max_queue_per_engine, duty_window_s=config.duty_window_s
+            max_queue=config.max_queue_per_engine, duty_window_s=config.duty_window_s,
+            max_run_steps=config.decode_run_steps,
         )
         self.engines: list[Engine] = []
         self.engine_node: list[int] = []
@@ -269,9 +273,9 @@ class Datacenter:
         """Facility power now: running steps' mean power, idle engines, hosts, training."""
         p = self.config.nodes * self.cal.energy.host_w_per_node + self.training_w
         for eng in self.engines:
-            work = eng._work
-            if work is not None and work.plan.duration_s > 0:
-                p += work.plan.energy_j / work.plan.duration_s
+            step_w = eng.step_power_w()
+            if step_w is not None:
+                p += step_w
             elif not eng.has_work:
                 p += eng.perf.idle_w
         return p * self.config.pue

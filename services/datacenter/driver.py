@@ -41,9 +41,13 @@ class EngineDriver:
         self.stopped = False
 
     def kick(self, idx: int) -> None:
-        """Engine `idx` got a request: plan a step if it is idle."""
+        """Engine `idx` got a request: plan a step if it is idle, or end its decode run
+        at the next step boundary, where the request can join."""
         eng = self.engines[idx]
-        if self.stopped or eng.busy:
+        if self.stopped:
+            return
+        if eng.busy:
+            self._cut(idx, self.clock.now())
             return
         t = self.clock.now()
         oldest = eng.oldest_waiting_arrival_s()
@@ -62,6 +66,21 @@ class EngineDriver:
             self._timers[idx] = None
             return
         self._timers[idx] = self.clock.call_at(plan.end_s, self._complete, idx, plan.end_s)
+
+    def _cut(self, idx: int, t: float) -> None:
+        end = self.engines[idx].cut(t)
+        if end is not None:
+            timer = self._timers[idx]
+            if timer is not None:
+                timer.cancel()
+            self._timers[idx] = self.clock.call_at(end, self._complete, idx, end)
+
+    def cut_all(self) -> None:
+        """End every decode run at its next step boundary (the step formulas changed)."""
+        now = self.clock.now()
+        for idx, eng in enumerate(self.engines):
+            if eng.busy:
+                self._cut(idx, now)
 
     def _complete(self, idx: int, end_s: float) -> None:
         if self.stopped:
@@ -100,6 +119,12 @@ class DcDriver(EngineDriver):
             if isinstance(ev, Finished):
                 self.dc.completed += 1
         self._sink(idx, events)
+
+    def set_frequency(self, mhz: float, field: str = "gpu_frequency_mhz") -> float:
+        """Set the DC's GPU clock (`Datacenter.set_frequency`) from the next step on."""
+        level = self.dc.set_frequency(mhz, field)
+        self.cut_all()
+        return level
 
     def submit(self, req: EngineRequest, model: str = "") -> int:
         """Route and enqueue at ``req.arrival_s`` (raises InvalidInput / CapacityExceeded /

@@ -204,7 +204,7 @@ class DatacenterService(dgrpc.DatacenterServicer):
         self, request: dpb.SetFrequencyRequest, context: grpc.aio.ServicerContext
     ) -> dpb.SetFrequencyReply:
         self.rt.dc.accrue(self.rt.clock.now())
-        level = self.rt.dc.set_frequency(request.gpu_frequency_mhz)
+        level = self.rt.driver.set_frequency(request.gpu_frequency_mhz)
         p = self.rt.dc.perf
         return dpb.SetFrequencyReply(
             gpu_frequency_mhz=level,
@@ -223,7 +223,7 @@ class DatacenterService(dgrpc.DatacenterServicer):
         self.rt.dc.apply_carm(now, request.training_power_w, request.renewable_supply_w)
         level = self.rt.dc.perf.frequency_mhz
         if f > 0:
-            level = self.rt.dc.set_frequency(f)
+            level = self.rt.driver.set_frequency(f)
         return dpb.CarmSlotAck(gpu_frequency_mhz=level)
 
     async def Drain(  # noqa: N802

@@ -210,7 +210,7 @@ class SimRun:
         for p in self.carm.plan(now):
             dc = self.dcs[p.dc]
             dc.apply_carm(now, p.training_power_w, p.renewable_supply_w)
-            self._carm_freq.setdefault(p.dc, []).append((now, dc.set_frequency(
+            self._carm_freq.setdefault(p.dc, []).append((now, self.drivers[p.dc].set_frequency(
                 p.gpu_frequency_mhz)))
 
     def _carm_end(self) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-
 from services.model.state import RequestView, SnapshotView
 from services.scheduler.policies.base import Decision, Policy, PolicyDeps
 from services.scheduler.policies.registry import register
