@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from services.config.calibration import Calibration
-from services.datacenter.dc import DcConfig, Datacenter
+from services.datacenter.dc import Datacenter, DcConfig
 from services.datacenter.driver import DcDriver, EngineDriver
 from services.datacenter.engine import (
     Engine,
