@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,12 +78,16 @@ class RecordRow:
 
 
 FIELDS = [f.name for f in dataclasses.fields(RecordRow)]
+_VALUES = operator.attrgetter(*FIELDS)
 
 
-def _fmt(v: Any) -> Any:
-    if isinstance(v, float):
-        return "" if math.isnan(v) else f"{v:.6f}"
-    return v
+def csv_values(r: RecordRow) -> list[Any]:
+    """A row's CSV cells: its fields in order (floats with 6 decimals, NaN empty), then
+    ``slo_met`` as 0/1 -- the one CSV form of a record (files and journal)."""
+    out = [("" if v != v else f"{v:.6f}") if isinstance(v, float) else v
+           for v in _VALUES(r)]
+    out.append(int(r.slo_met))
+    return out
 
 
 def write_csv(path: Path, rows: Iterable[RecordRow]) -> int:
@@ -91,7 +96,7 @@ def write_csv(path: Path, rows: Iterable[RecordRow]) -> int:
         w = csv.writer(f)
         w.writerow([*FIELDS, "slo_met"])
         for r in rows:
-            w.writerow([*(_fmt(getattr(r, k)) for k in FIELDS), int(r.slo_met)])
+            w.writerow(csv_values(r))
             n += 1
     return n
 
@@ -120,7 +125,7 @@ class RecordJournal:
         self._emitted.write(f"{rid},{emitted_s:.6f}\n")
 
     def record(self, r: RecordRow) -> None:
-        self._csv.writerow([*(_fmt(getattr(r, k)) for k in FIELDS), int(r.slo_met)])
+        self._csv.writerow(csv_values(r))
 
     def close(self, remove: bool = False) -> None:
         self._rows.close()

@@ -234,7 +234,72 @@ def _series(cache: dict[tuple[int, tuple[str, ...]], Any], metric: Any,
     return child
 
 
-class DcMetrics:
+class Deferred:
+    """Per-request metric updates collected and applied in bulk by `flush` -- for the
+    virtual runtime, which reads its metrics only when it samples them: the counters get
+    one ``inc`` per series, the histograms their bucket counts at once (prometheus_client's
+    own bucket rule, ``value <= bound``)."""
+
+    def __init__(self) -> None:
+        self.incs: dict[Any, float] = {}
+        self.obs: dict[Any, list[float]] = {}
+
+    def inc(self, child: Any, amount: float = 1.0) -> None:
+        self.incs[child] = self.incs.get(child, 0.0) + amount
+
+    def observe(self, child: Any, value: float) -> None:
+        vals = self.obs.get(child)
+        if vals is None:
+            self.obs[child] = [value]
+        else:
+            vals.append(value)
+
+    def flush(self) -> None:
+        import numpy as np
+
+        for child, amount in self.incs.items():
+            child.inc(amount)
+        for child, vals in self.obs.items():
+            bounds = getattr(child, "_upper_bounds", None)
+            buckets = getattr(child, "_buckets", None)
+            total = getattr(child, "_sum", None)
+            if bounds is None or buckets is None or total is None:
+                for v in vals:  # not the layout this was written for: one by one
+                    child.observe(v)
+                continue
+            idx = np.searchsorted(np.asarray(bounds, dtype=np.float64),
+                                  np.asarray(vals, dtype=np.float64), side="left")
+            counts = np.bincount(idx, minlength=len(bounds) + 1)
+            for i, c in enumerate(counts[: len(bounds)].tolist()):
+                if c:
+                    buckets[i].inc(c)
+            total.inc(sum(vals))
+        self.incs.clear()
+        self.obs.clear()
+
+
+class _Hot:
+    """The per-request update paths of the metrics classes: at once, or `Deferred`."""
+
+    _cache: dict[tuple[int, tuple[str, ...]], Any]
+    deferred: Deferred | None = None
+
+    def _inc(self, metric: Any, labels: tuple[str, ...], amount: float = 1.0) -> None:
+        child = _series(self._cache, metric, labels)
+        if self.deferred is None:
+            child.inc(amount)
+        else:
+            self.deferred.inc(child, amount)
+
+    def _observe(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
+        child = _series(self._cache, metric, labels)
+        if self.deferred is None:
+            child.observe(value)
+        else:
+            self.deferred.observe(child, value)
+
+
+class DcMetrics(_Hot):
     """Datacenter and engine series: state from the `Datacenter` core, latency histograms
     from finished requests (times measured at the DC: TTFT from the arrival at the first
     scheduler to the first token at the DC, i.e. without the back-path RTT)."""
@@ -290,14 +355,13 @@ class DcMetrics:
                      prompt_tokens: int, output_tokens: int) -> None:
         """One completed request (hook of the runtime's completion path)."""
         lab = self._labels()
-        c = self._cache
-        _series(c, self.ttft, lab).observe(ttft_s)
+        self._observe(self.ttft, lab, ttft_s)
         if output_tokens > 1:
-            _series(c, self.tpot, lab).observe(tpot_s)
-        _series(c, self.e2e, lab).observe(e2e_s)
-        _series(c, self.queue, lab).observe(queue_s)
-        _series(c, self.prompt_tokens, lab).inc(prompt_tokens)
-        _series(c, self.generation_tokens, lab).inc(output_tokens)
+            self._observe(self.tpot, lab, tpot_s)
+        self._observe(self.e2e, lab, e2e_s)
+        self._observe(self.queue, lab, queue_s)
+        self._inc(self.prompt_tokens, lab, prompt_tokens)
+        self._inc(self.generation_tokens, lab, output_tokens)
 
     def on_record(self, rec: Any) -> None:
         """A wall runtime's completed `RequestRecord` (protobuf)."""
@@ -400,7 +464,7 @@ def decision_outcome(d: Dispatch) -> str:
     return "forwarded" if d.forward else "local"
 
 
-class SchedulerMetrics:
+class SchedulerMetrics(_Hot):
     """Regional scheduler series: decisions (hook), core statistics (scrape time)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -444,9 +508,8 @@ class SchedulerMetrics:
         """One decision for a request that arrived at this region (not a forwarded one)."""
         core = self.core
         assert core is not None, "SchedulerMetrics.attach() first"
-        c = self._cache
-        _series(c, self.decisions, (core.region, core.policy.name, decision_outcome(d))).inc()
-        _series(c, self.decision_s, (core.region, core.policy.name)).observe(d.decision_s)
+        self._inc(self.decisions, (core.region, core.policy.name, decision_outcome(d)))
+        self._observe(self.decision_s, (core.region, core.policy.name), d.decision_s)
 
     def _build(self) -> list[Metric]:
         core = self.core
@@ -553,7 +616,7 @@ class ProvisionerMetrics:
 
 
 # ---------------------------------------------------------------------------- load generator
-class LoadgenMetrics:
+class LoadgenMetrics(_Hot):
     """What the origin sees: emitted and finished requests, SLO violations, TTFT/TPOT/e2e
     (as recorded at the origin scheduler, so TTFT includes forwarding RTTs). SLO counts
     follow the summary's rules (a rejected or failed request violates both SLOs; TPOT is
@@ -611,28 +674,27 @@ class LoadgenMetrics:
         return region, self.policy_of.get(region, "")
 
     def on_emitted(self, region: str) -> None:
-        _series(self._cache, self.emitted, self._lab(region)).inc()
+        self._inc(self.emitted, self._lab(region))
 
     def on_finished(self, row: RecordRow) -> None:
         lab = self._lab(row.origin_region)
-        c = self._cache
         status = row.state if row.state in REQUEST_STATUSES else "failed"
-        _series(c, self.finished, (*lab, status)).inc()
+        self._inc(self.finished, (*lab, status))
         done = row.state == "completed"
         ttft_bad = not done or row.ttft_s > row.ttft_slo_s
         tpot_bad = not done or (row.output_tokens > 1 and row.tpot_s > row.tpot_slo_s)
         if ttft_bad:
-            _series(c, self.ttft_violations, lab).inc()
+            self._inc(self.ttft_violations, lab)
         if tpot_bad:
-            _series(c, self.tpot_violations, lab).inc()
+            self._inc(self.tpot_violations, lab)
         if ttft_bad or tpot_bad:
-            _series(c, self.violations, lab).inc()
+            self._inc(self.violations, lab)
         if done:
-            _series(c, self.output_tokens, lab).inc(row.output_tokens)
-            _series(c, self.ttft, lab).observe(row.ttft_s)
+            self._inc(self.output_tokens, lab, row.output_tokens)
+            self._observe(self.ttft, lab, row.ttft_s)
             if row.output_tokens > 1:
-                _series(c, self.tpot, lab).observe(row.tpot_s)
-            _series(c, self.e2e, lab).observe(row.e2e_s)
+                self._observe(self.tpot, lab, row.tpot_s)
+            self._observe(self.e2e, lab, row.e2e_s)
 
     def _build(self) -> list[Metric]:
         f = _Families({})

@@ -85,6 +85,7 @@ class _SimMetrics:
     def __init__(self, run: SimRun, path: Path) -> None:
         from services.runtime.metrics import (
             DcMetrics,
+            Deferred,
             LoadgenMetrics,
             MetricsCsv,
             SchedulerMetrics,
@@ -106,6 +107,10 @@ class _SimMetrics:
         self.lg = LoadgenMetrics({r.name: run.schedulers[r.name].policy.name
                                   for r in run.topo.regions})
         self.lg.attach(now)
+        # per-request updates applied in bulk before each sample (nothing reads them between)
+        self.deferred = Deferred()
+        for m in (*self.dc.values(), *self.sched.values(), self.lg):
+            m.deferred = self.deferred
         self.csv = MetricsCsv(path)
 
     def completed(self, dc: str, row: RecordRow) -> None:
@@ -120,6 +125,7 @@ class _SimMetrics:
 
     def sample(self) -> None:
         now = self.run.clock.now()
+        self.deferred.flush()
         self.csv.sample(now, [*self.dc.values(), *self.sched.values(), self.lg])
         self.next_s = now + self.period_s
 

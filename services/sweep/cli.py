@@ -12,6 +12,7 @@ from typing import Any
 
 from services.config.topology import ROOT
 from services.model.errors import InvalidInput
+from services.sweep.run import Point
 
 
 def register(sub: Any) -> None:
@@ -21,8 +22,10 @@ def register(sub: Any) -> None:
     p.add_argument("--rates", default="1200,2400,4000", help="req/s, comma-separated")
     p.add_argument("--policies", default="",
                    help="labels to run (default: all of paper 1 §V, greedy at 3 alphas)")
-    p.add_argument("--duration", type=float, default=30.0, help="emulated s per point")
-    p.add_argument("--warmup", type=float, default=10.0)
+    p.add_argument("--duration", type=float, default=Point.duration_s,
+                   help="emulated s per point (the paper: 200)")
+    p.add_argument("--warmup", type=float, default=Point.warmup_s,
+                   help="emulated s excluded from the statistics")
     p.add_argument("--seeds", default="1",
                    help="load seeds, comma-separated; with several, the report gives means "
                         "and standard deviations (default 1)")
@@ -76,7 +79,7 @@ def _wall_check(spec: str, out: Path, policies: dict[str, tuple[str, dict[str, A
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from services.sweep.report import render
-    from services.sweep.run import ABLATION_LABELS, DEFAULT_POLICIES, Point, run_sweep
+    from services.sweep.run import ABLATION_LABELS, DEFAULT_POLICIES, run_sweep
 
     known = {label: (policy, cfg) for label, policy, cfg in DEFAULT_POLICIES}
     labels = [s for s in args.policies.split(",") if s] or [lb for lb, _, _ in DEFAULT_POLICIES]

@@ -45,8 +45,8 @@ class Point:
     policy: str
     config: dict[str, Any] = field(default_factory=dict)
     rate_rps: float = 1200.0
-    duration_s: float = 30.0
-    warmup_s: float = 10.0
+    duration_s: float = 200.0   # the paper's 200 s per point
+    warmup_s: float = 15.0
     seed: int = 1
     project_peers: bool = True
 
