@@ -396,6 +396,20 @@ def _build_tight(inst: Instance, tab: Tables, *, y_ok: BoolArray, x_ok: BoolArra
             # R_s = sum_{t >= s} w[j,t] <= sum_k c_k zhat[j, s+k], c = (nmax, .., nmax, rest, 0..),
             # zhat = 1 up to the deadline, z after it: at most nmax per slot and W_hi in all.
             rows_r, rows_c, rows_v, hi_ = [], [], [], []
+            if "cum" in cuts:
+                rcol = mdl.add_vars((nj, t), 0.0, np.inf, False)
+                # R[j,s] - w[j,s] - R[j,s+1] = 0
+                rr_, cc_, vv_ = [], [], []
+                q_ = 0
+                for j in range(nj):
+                    for s0 in range(t):
+                        rr_ += [q_, q_]
+                        cc_ += [rcol[j, s0], w[j, s0]]
+                        vv_ += [1.0, -1.0]
+                        if s0 + 1 < t:
+                            rr_.append(q_); cc_.append(rcol[j, s0 + 1]); vv_.append(-1.0)
+                        q_ += 1
+                mdl.add_rows(rr_, cc_, vv_, np.zeros(q_), np.zeros(q_))
             i_ = 0
             for j, jb in enumerate(inst.jobs):
                 dl = jb.deadline_slot
@@ -405,7 +419,7 @@ def _build_tight(inst: Instance, tab: Tables, *, y_ok: BoolArray, x_ok: BoolArra
                 for s0 in range(jb.arrival_slot, t):
                     if s0 <= dl and nm * (dl - s0 + 1) >= wh:
                         continue  # the remaining work always fits before the deadline
-                    cols = w[j, s0:]
+                    cols = w[j, s0:] if "cum" not in cuts else np.array([rcol[j, s0]])
                     zs, zv, const = [], [], 0.0
                     for kk, ck in enumerate(c_k):
                         s1 = s0 + kk

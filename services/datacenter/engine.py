@@ -60,7 +60,7 @@ DECODE = "decode"
 
 
 
-@dataclass
+@dataclass(slots=True)
 class EngineRequest:
     """Mutable per-request state inside one engine."""
 

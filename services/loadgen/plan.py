@@ -21,7 +21,7 @@ from services.loadgen.arrivals import make_arrivals
 from services.loadgen.datasets import get_dataset
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlannedRequest:
     id: str
     t_s: float               # emission time, emulated seconds from the start of the load

@@ -23,7 +23,7 @@ STATES = (COMPLETED, REJECTED, FAILED)
 NAN = math.nan
 
 
-@dataclass
+@dataclass(slots=True)
 class RecordRow:
     id: str
     origin_region: str

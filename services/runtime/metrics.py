@@ -278,7 +278,7 @@ class Deferred:
         self.obs.clear()
 
 
-class _Hot:
+class HotMetrics:
     """The per-request update paths of the metrics classes: at once, or `Deferred`."""
 
     _cache: dict[tuple[int, tuple[str, ...]], Any]
@@ -299,7 +299,7 @@ class _Hot:
             self.deferred.observe(child, value)
 
 
-class DcMetrics(_Hot):
+class DcMetrics(HotMetrics):
     """Datacenter and engine series: state from the `Datacenter` core, latency histograms
     from finished requests (times measured at the DC: TTFT from the arrival at the first
     scheduler to the first token at the DC, i.e. without the back-path RTT)."""
@@ -464,7 +464,7 @@ def decision_outcome(d: Dispatch) -> str:
     return "forwarded" if d.forward else "local"
 
 
-class SchedulerMetrics(_Hot):
+class SchedulerMetrics(HotMetrics):
     """Regional scheduler series: decisions (hook), core statistics (scrape time)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -616,7 +616,7 @@ class ProvisionerMetrics:
 
 
 # ---------------------------------------------------------------------------- load generator
-class LoadgenMetrics(_Hot):
+class LoadgenMetrics(HotMetrics):
     """What the origin sees: emitted and finished requests, SLO violations, TTFT/TPOT/e2e
     (as recorded at the origin scheduler, so TTFT includes forwarding RTTs). SLO counts
     follow the summary's rules (a rejected or failed request violates both SLOs; TPOT is

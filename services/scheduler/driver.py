@@ -42,7 +42,7 @@ class Transport(Protocol):
     def reject(self, rid: str, reason: str) -> None: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class Journey:
     """The origin scheduler's view of one request (emulated seconds)."""
 

@@ -86,6 +86,7 @@ class _SimMetrics:
         from services.runtime.metrics import (
             DcMetrics,
             Deferred,
+            HotMetrics,
             LoadgenMetrics,
             MetricsCsv,
             SchedulerMetrics,
@@ -109,8 +110,9 @@ class _SimMetrics:
         self.lg.attach(now)
         # per-request updates applied in bulk before each sample (nothing reads them between)
         self.deferred = Deferred()
-        for m in (*self.dc.values(), *self.sched.values(), self.lg):
-            m.deferred = self.deferred
+        hot: list[HotMetrics] = [*self.dc.values(), *self.sched.values(), self.lg]
+        for h in hot:
+            h.deferred = self.deferred
         self.csv = MetricsCsv(path)
 
     def completed(self, dc: str, row: RecordRow) -> None:
@@ -146,7 +148,7 @@ def _origin_fields(row: RecordRow, j: Journey) -> None:
     row.forwarded = j.forwarded
 
 
-@dataclass
+@dataclass(slots=True)
 class _Req:
     plan: PlannedRequest
     row: RecordRow
@@ -185,6 +187,7 @@ class SimRun:
                 (lambda s: s) if charge_solver_time else (lambda s: 0.0),
                 on_decision=self._on_decision(region.name))
         self.reqs: dict[str, _Req] = {}
+        self._plan: list[PlannedRequest] = []
         self.in_flight = 0
         self.emitted: list[str] = []
         self.prov: ProvisionerDriver[pb.DcState] = ProvisionerDriver(
@@ -226,6 +229,12 @@ class SimRun:
         self.carm.finish(now)
 
     # ---------------------------------------------------------------- load
+    def _arrive(self, i: int) -> None:
+        plan = self._plan
+        if i + 1 < len(plan):
+            self.clock.call_at(plan[i + 1].t_s, self._arrive, i + 1)
+        self._emit(plan[i])
+
     def _emit(self, p: PlannedRequest) -> None:
         now = self.clock.now()
         row = RecordRow.for_plan(p, emitted_s=now, scheduler_arrival_s=now,
@@ -339,8 +348,10 @@ class SimRun:
         plan = plan_requests(self.topo)
         self._start_states = {n: dc_state(dc, 0.0) for n, dc in self.dcs.items()}
         duration = self.topo.load.duration_s
-        for p in plan:
-            self.clock.call_at(p.t_s, self._emit, p)
+        plan.sort(key=lambda p: p.t_s)  # stable: already in time order from the plan
+        self._plan = plan
+        if plan:  # one arrival on the clock at a time (each schedules the next)
+            self.clock.call_at(plan[0].t_s, self._arrive, 0)
         horizon = duration + self.drain_limit_s
         self.prov.until_s = duration
         self.prov.start()
