@@ -347,8 +347,7 @@ class Engine:
             self._phase_start = False
         else:
             last = len(work.ends) - 1
-            if work.applied < last:
-                self._apply_run(work, last)  # a run's steps before its last one
+            m = self._run_totals(work, last)  # a run's steps before its last one
             self._work = None
             self._advance(now)
             energy = work.energies[last]
@@ -358,12 +357,19 @@ class Engine:
             # every request in the batch gets an equal share, booked lazily (see _book_share)
             self._decode_share_j += energy / max(len(work.batch), 1)
             fast = 0
+            bt = self.block_tokens
             for req in work.batch:
-                g = req.generated
+                g = req.generated + m
+                if m:  # the run's earlier steps, then the KV blocks of its last one
+                    need = -(-(req.isl_tokens + g) // bt)
+                    if need > req.blocks:
+                        self.free_blocks -= need - req.blocks
+                        req.blocks = need
                 if 0 < g < req.osl_tokens - 1:
                     req.generated = g + 1  # common case: neither the first nor the last token
                     fast += 1
                 else:
+                    req.generated = g
                     self._produce_token(req, now, events)
             self._kv_tokens += fast
             self._phase_start = True
@@ -372,27 +378,6 @@ class Engine:
         return events
 
     # ------------------------------------------------------------------ decode runs
-    def _run_length(self, batch: list[EngineRequest]) -> int:
-        """Decode steps to plan as one run: up to the step that produces a request's last
-        token, at most ``max_run_steps``, and only while the KV blocks of every step fit
-        the free blocks (so no step of the run can preempt)."""
-        k = self.config.max_run_steps
-        for r in batch:
-            if r.generated < 1:
-                return 1
-            left = r.osl_tokens - r.generated
-            if left < k:
-                k = left
-        if k <= 1:
-            return 1
-        bt = self.block_tokens
-        extra = 0
-        for r in batch:
-            need = -(-(r.isl_tokens + r.generated + k - 1) // bt) - r.blocks
-            if need > 0:
-                extra += need
-        return k if extra <= self.free_blocks else 1
-
     def _admissible_from(self) -> float:
         """When the head of the waiting queue could join the batch at a step boundary:
         its arrival, or never (inf) while the batch or the KV memory holds it back -- they
@@ -407,12 +392,13 @@ class Engine:
             return math.inf
         return req.arrival_s
 
-    def _apply_run(self, work: _StepWork, j: int) -> None:
-        """Apply steps ``applied .. j-1`` of a decode run (none of them produces a first or
-        last token), then allocate the KV blocks of step j, as its planning would."""
-        batch = work.batch
-        n = len(batch)
+    def _run_totals(self, work: _StepWork, j: int) -> int:
+        """Book steps ``applied .. j-1`` of a decode run on the engine (energy, step and KV
+        counters; none of them produces a first or last token); returns their number."""
         m = j - work.applied
+        if m <= 0:
+            return 0
+        n = len(work.batch)
         en = self.energy
         for e in work.energies[work.applied:j]:
             en.active_j += e
@@ -420,14 +406,20 @@ class Engine:
         self.steps += m
         self.decode_steps += m
         self._kv_tokens += n * m
+        work.applied = j
+        return m
+
+    def _apply_run(self, work: _StepWork, j: int) -> None:
+        """Apply steps ``applied .. j-1`` of a decode run, then allocate the KV blocks of
+        step j, as its planning would."""
+        m = self._run_totals(work, j)
         bt = self.block_tokens
-        for req in batch:
+        for req in work.batch:
             req.generated += m
             need = -(-(req.isl_tokens + req.generated) // bt)
             if need > req.blocks:
                 self.free_blocks -= need - req.blocks
                 req.blocks = need
-        work.applied = j
 
     def sync(self, now: float) -> None:
         """Apply the steps of a decode run in flight that ended by `now`, so that
@@ -548,26 +540,41 @@ class Engine:
 
     def _plan_decode(self, now: float) -> _StepWork | None:
         # Grow KV by one token per request; preempt the newest request when blocks run out.
+        # The same pass measures a run (`max_run_steps` > 1): the steps until a request's
+        # last token, and the KV blocks that `max_run_steps` steps would add at most.
         i = 0
         bt = self.block_tokens
         running = self.running
+        max_run = self.config.max_run_steps
+        run_ok = max_run > 1
+        left_min = max_run
+        extra = 0
         while i < len(running):
             req = running[i]
+            g = req.generated
             # the step writes the KV of the last generated token: context_tokens in all
-            ctx = req.isl_tokens + req.generated
-            if ctx <= req.blocks * bt:
-                i += 1
-                continue
-            need = -(-ctx // bt) - req.blocks
-            if self.free_blocks >= need:
+            ctx = req.isl_tokens + g
+            blocks = req.blocks
+            if ctx > blocks * bt:
+                need = -(-ctx // bt) - blocks
+                if self.free_blocks < need:
+                    victim = running[-1]
+                    self._preempt(victim)
+                    run_ok = False
+                    continue  # retry req (or, if it was the victim, the next one)
                 self.free_blocks -= need
-                req.blocks += need
-                i += 1
-                continue
-            victim = self.running[-1]
-            self._preempt(victim)
-            if victim is req:
-                continue  # req itself was preempted; index i now points past the end or next
+                blocks += need
+                req.blocks = blocks
+            if run_ok:
+                left = req.osl_tokens - g
+                if g < 1:
+                    run_ok = False
+                elif left < left_min:
+                    left_min = left
+                x = -(-(ctx + max_run - 1) // bt) - blocks
+                if x > 0:
+                    extra += x
+            i += 1
         if not self.running:
             return None
         batch = list(self.running)
@@ -576,8 +583,8 @@ class Engine:
         perf = self.perf
         dur = perf.decode_time(n, kv)
         energy = perf.decode_energy(n, kv)
-        k = self._run_length(batch) if self.config.max_run_steps > 1 else 1
-        if k == 1:
+        k = left_min if run_ok and extra <= self.free_blocks else 1
+        if k <= 1:
             plan = StepPlan(DECODE, now, dur, energy, n, n, kv)
             return _StepWork(plan, batch=batch, ends=[plan.end_s], energies=[energy])
         # a run: the same steps, each from the previous one's end, with the KV grown by
