@@ -336,7 +336,7 @@ def _build_tight(inst: Instance, tab: Tables, *, y_ok: BoolArray, x_ok: BoolArra
     zc = mdl.add_vars((int(late.sum()),), 0.0, 1.0, "zcont" not in cuts)
     hc = np.full((nj, t), -1, dtype=np.int64)
     hc[late] = zc
-    d = mdl.add_vars((nj,), 0.0, np.inf, False)
+    d = mdl.add_vars((nj,), 0.0, np.inf, "dint" in cuts)
     ht = h * t
     mdl.add_rows(np.repeat(np.arange(ht), k), y.ravel(), 1.0, np.ones(ht), np.ones(ht))
     e = tab.epochs_per_worker_slot
@@ -361,7 +361,13 @@ def _build_tight(inst: Instance, tab: Tables, *, y_ok: BoolArray, x_ok: BoolArra
         np.r_[e_inf.ravel(), e_tr.ravel(), -np.ones(3 * t)],
         np.zeros(t), np.zeros(t),
     )
-    lay = Layout(y, w, w, w, us, uw, g, hc, d)
+    if "phi" in cuts:
+        phi = mdl.add_vars((1,), 0.0, np.inf, True)
+        prio = np.array([jb.priority for jb in inst.jobs])
+        mdl.add_rows(np.zeros(nj + 1), np.r_[d, phi], np.r_[prio, -1.0], [0.0], [0.0])
+        lay = Layout(y, w, w, w, us, uw, g, hc, np.r_[d, phi])
+    else:
+        lay = Layout(y, w, w, w, us, uw, g, hc, d)
     if carbon_budget_g is not None:
         cc = carbon_cost(inst, lay, mdl.n_col)
         cols = np.r_[us, uw, g]
@@ -596,7 +602,10 @@ def solve_carbon(inst: Instance, carbon_budget_g: float, opts: MilpOptions | Non
     excess = np.maximum(tab.latency_s - bounds[:, None, None], 0.0)
     cost[lay.y] = inst.inference_weights()[:, None, None] * excess
     assert lay.d is not None
-    cost[lay.d] = np.array([jb.priority for jb in inst.jobs])
+    if _c and "phi" in _c:
+        cost[lay.d[-1]] = 1.0
+    else:
+        cost[lay.d] = np.array([jb.priority for jb in inst.jobs])
     cost += 1e-3 * carbon_cost(inst, lay, mdl.n_col) / carbon_budget_g
     st, sol, obj, gap, run_s = mdl.solve(cost, opts)
     note = "" if st != "infeasible" else f"carbon budget {carbon_budget_g:.0f} g is too small"

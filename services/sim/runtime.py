@@ -150,8 +150,8 @@ def _origin_fields(row: RecordRow, j: Journey) -> None:
 
 @dataclass(slots=True)
 class _Req:
-    plan: PlannedRequest
     row: RecordRow
+    model: str
 
 
 class SimRun:
@@ -187,7 +187,7 @@ class SimRun:
                 (lambda s: s) if charge_solver_time else (lambda s: 0.0),
                 on_decision=self._on_decision(region.name))
         self.reqs: dict[str, _Req] = {}
-        self._plan: list[PlannedRequest] = []
+        self._plan: list[PlannedRequest | None] = []
         self.in_flight = 0
         self.emitted: list[str] = []
         self.prov: ProvisionerDriver[pb.DcState] = ProvisionerDriver(
@@ -232,14 +232,19 @@ class SimRun:
     def _arrive(self, i: int) -> None:
         plan = self._plan
         if i + 1 < len(plan):
-            self.clock.call_at(plan[i + 1].t_s, self._arrive, i + 1)
-        self._emit(plan[i])
+            nxt = plan[i + 1]
+            assert nxt is not None
+            self.clock.call_at(nxt.t_s, self._arrive, i + 1)
+        p = plan[i]
+        plan[i] = None  # emitted: its row holds what is left of it
+        assert p is not None
+        self._emit(p)
 
     def _emit(self, p: PlannedRequest) -> None:
         now = self.clock.now()
         row = RecordRow.for_plan(p, emitted_s=now, scheduler_arrival_s=now,
                                  policy=self.schedulers[p.origin_region].policy.name)
-        self.reqs[p.id] = _Req(p, row)
+        self.reqs[p.id] = _Req(row, p.model)
         self.emitted.append(p.id)
         if self._m is not None:
             self._m.lg.on_emitted(p.origin_region)
@@ -271,10 +276,10 @@ class SimRun:
         row.dc = dc
         row.dc_region = self.dcs[dc].config.region
         row.dc_arrival_s = self.clock.now()
-        ereq = EngineRequest(rid, r.plan.isl_tokens, r.plan.osl_tokens, self.clock.now(),
+        ereq = EngineRequest(rid, row.isl_tokens, row.osl_tokens, self.clock.now(),
                              payload=rid)
         try:
-            idx = self.drivers[dc].submit(ereq, r.plan.model)
+            idx = self.drivers[dc].submit(ereq, r.model)
         except GeoServeError as exc:
             self.dcs[dc].rejected += 1
             self._finish_failed(rid, REJECTED, str(exc), exc.status_code)
@@ -349,9 +354,10 @@ class SimRun:
         self._start_states = {n: dc_state(dc, 0.0) for n, dc in self.dcs.items()}
         duration = self.topo.load.duration_s
         plan.sort(key=lambda p: p.t_s)  # stable: already in time order from the plan
-        self._plan = plan
         if plan:  # one arrival on the clock at a time (each schedules the next)
             self.clock.call_at(plan[0].t_s, self._arrive, 0)
+        self._plan = list[PlannedRequest | None](plan)
+        del plan  # each entry is dropped once emitted
         horizon = duration + self.drain_limit_s
         self.prov.until_s = duration
         self.prov.start()
