@@ -146,7 +146,8 @@ class _Model:
         hs = new_highs()
         hs.setOptionValue("time_limit", float(opts.time_limit_s))
         hs.setOptionValue("mip_rel_gap", float(opts.mip_rel_gap))
-        hs.setOptionValue("random_seed", 0)
+        import os as _os
+        hs.setOptionValue("random_seed", int(_os.environ.get("CARM_SEED", "0")))
         if opts.threads:
             hs.setOptionValue("threads", int(opts.threads))
         if abs_gap is not None:

@@ -60,7 +60,7 @@ DECODE = "decode"
 
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: the engine's lists look requests up by it
 class EngineRequest:
     """Mutable per-request state inside one engine."""
 

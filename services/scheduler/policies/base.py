@@ -104,10 +104,11 @@ class DecisionStats:
         self.windows += 1
         self.requests += len(targets)
         self.fallbacks += sum(fallback)
-        self.unplaceable += sum(not t for t in targets)
-        for reason in reasons:
-            if reason:
-                self.fallback_reasons[reason] += 1
+        self.unplaceable += len(targets) - sum(map(bool, targets))
+        if any(reasons):
+            for reason in reasons:
+                if reason:
+                    self.fallback_reasons[reason] += 1
 
 
 @dataclass
@@ -261,8 +262,8 @@ class Policy:
         """The Decision for final DC indices `assign` (-1: None); records the stats."""
         idx = assign.tolist() if isinstance(assign, np.ndarray) else assign
         d = Decision(
-            targets=tuple(names[i] if i >= 0 else None for i in idx),
-            fallback=tuple(bool(w) for w in reasons),
+            targets=tuple([names[i] if i >= 0 else None for i in idx]),
+            fallback=tuple([bool(w) for w in reasons]),
             fallback_reason=tuple(reasons),
             status=status,
             **extra,
