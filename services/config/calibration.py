@@ -277,9 +277,27 @@ def parse_calibration(data: Any, path: str, setup: str = "") -> Calibration:
     )
 
 
+# Parsed calibrations by (file, version, root): a topology's DCs, estimators and the load
+# plan read the same few files many times. `Calibration` is frozen, so sharing is safe.
+_LOADED: dict[tuple[str, int, int, str], Calibration] = {}
+
+
 def load_calibration_file(path: str | Path, root: Path | None = None) -> Calibration:
-    """Load and validate one calibration file (setup name relative to `root`)."""
+    """Load and validate one calibration file (setup name relative to `root`); parsed once
+    per file version."""
     p = Path(path)
+    try:
+        st = p.stat()
+        key = (str(p.resolve()), st.st_mtime_ns, st.st_size, str(root))
+    except OSError as exc:
+        raise ConfigError(str(p), "", f"cannot read calibration file: {exc.strerror}") from exc
+    hit = _LOADED.get(key)
+    if hit is None:
+        hit = _LOADED[key] = _load_calibration_file(p, root)
+    return hit
+
+
+def _load_calibration_file(p: Path, root: Path | None) -> Calibration:
     try:
         text = p.read_text()
     except OSError as exc:

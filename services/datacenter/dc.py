@@ -99,6 +99,8 @@ class LatenessStats:
         self._n = 0
         self.max_s = 0.0
         self.resyncs = 0
+        self._q: dict[float, float] = {}   # quantiles of the samples so far (every poll asks)
+        self._q_n = 0
 
     def add(self, lateness_s: float) -> None:
         self._buf[self._n % len(self._buf)] = lateness_s
@@ -110,8 +112,13 @@ class LatenessStats:
         return self._n
 
     def quantile(self, q: float) -> float:
-        n = min(self._n, len(self._buf))
-        return float(np.quantile(self._buf[:n], q)) if n else 0.0
+        if self._q_n != self._n:
+            self._q, self._q_n = {}, self._n
+        hit = self._q.get(q)
+        if hit is None:
+            n = min(self._n, len(self._buf))
+            hit = self._q[q] = float(np.quantile(self._buf[:n], q)) if n else 0.0
+        return hit
 
 
 @dataclass
