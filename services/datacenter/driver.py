@@ -6,7 +6,10 @@ and in what they do with the events:
 
 * `kick(idx)` after a request was enqueued: an idle engine plans its next step from now,
   or from the (transport-compensated) arrival of its oldest waiting request if that is
-  earlier, never before the engine's own time.
+  earlier, never before the engine's own time; a busy engine's decode run is cut at its
+  next step boundary (`Engine.cut`), where the request can join, and its timer moved.
+* `set_frequency` changes the DC's GPU clock and cuts every run the same way, so the new
+  clock applies from the next step, as without runs.
 * Each step ends with a timer at its planned end (an absolute deadline, so wake-up jitter
   does not accumulate). The wake-up's lateness (now − planned end, 0 on the virtual
   clock) is recorded in the DC's lateness record; the step completes at its planned end

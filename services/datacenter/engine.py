@@ -31,6 +31,17 @@ Rules of one iteration (vLLM 0.6 semantics, prefill-first scheduling):
 5. Step time and energy come from `PerfModel`; each step's energy is shared among the
    requests in the step (by tokens for prefill, equally for decode).
 
+Decode runs (``EngineConfig.max_run_steps`` > 1; the datacenter plans 32): between
+events a decode batch does not change, so one plan may cover several decode steps -- up
+to the step that produces some request's last token, while the KV blocks of every step
+fit the free blocks (no preemption can happen in the run) and before the first step
+boundary at which a waiting request could be admitted. The steps are the same steps, each
+timed from the previous one's end, so a run ends where the steps would have, bit for bit.
+The runtime waits for the run's end only; `cut(t)` ends a run at its first boundary at or
+after `t` (a request arrived, or the GPU clock changed), and reads during a run
+(`counters`, `active_energy_j`) first `sync` the steps that have ended. With
+``max_run_steps = 1`` (the default of `EngineConfig`) every plan is one step.
+
 Energy: step energy (GPU active), plus idle power of the engine's GPUs while no request is
 in the pipeline (nothing running or waiting). Host power is the datacenter's.
 
