@@ -52,6 +52,8 @@ def register(sub: Any) -> None:
     _add_common(sim)
     sim.add_argument("--no-solver-time", action="store_true",
                      help="do not charge policy wall time to emulated time (deterministic)")
+    sim.add_argument("--metrics-per-engine", action="store_true",
+                     help="also write every engine's series to metrics.csv")
     sim.set_defaults(func=cmd_sim)
 
 
@@ -107,7 +109,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
     out.mkdir(parents=True, exist_ok=True)
     run = SimRun(topo, charge_solver_time=not args.no_solver_time, progress=progress,
-                 metrics_csv=out / "metrics.csv")
+                 metrics_csv=out / "metrics.csv", metrics_per_engine=args.metrics_per_engine)
     summary = run.run()
     write_outputs(out, run.records(), summary)
     print(format_table(summary))

@@ -70,7 +70,8 @@ def _provisioner_metrics() -> ProvisionerMetrics:
 def exercise(duration_s: float, csv_path: Path) -> tuple[SimRun, list[Any]]:
     """A short virtual run with metrics; returns it and every metrics object."""
     topo = load_topology("small").with_overrides(duration_s=duration_s)
-    run = SimRun(topo, charge_solver_time=False, metrics_csv=csv_path)
+    run = SimRun(topo, charge_solver_time=False, metrics_csv=csv_path,
+                 metrics_per_engine=True)
     run.run()
     m = run._m
     assert m is not None
