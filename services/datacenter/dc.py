@@ -92,7 +92,11 @@ class EnergyTotals:
 
 
 class LatenessStats:
-    """Wake-up lateness of a wall-clock runtime, emulated seconds; bounded memory."""
+    """Wake-up lateness of a wall-clock runtime, emulated seconds; bounded memory. With
+    ``trace`` set (a list), every sample is also appended as ``(at_s, lateness_s)``, for
+    diagnosis (`GEOSERVE_TRACE_DIR` in the DC service)."""
+
+    trace: list[tuple[float, float]] | None = None
 
     def __init__(self, capacity: int = 8192) -> None:
         self._buf = np.zeros(capacity)
@@ -102,7 +106,9 @@ class LatenessStats:
         self._q: dict[float, float] = {}   # quantiles of the samples so far (every poll asks)
         self._q_n = 0
 
-    def add(self, lateness_s: float) -> None:
+    def add(self, lateness_s: float, at_s: float = math.nan) -> None:
+        if self.trace is not None:
+            self.trace.append((at_s, lateness_s))
         self._buf[self._n % len(self._buf)] = lateness_s
         self._n += 1
         self.max_s = max(self.max_s, lateness_s)

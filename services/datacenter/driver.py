@@ -90,7 +90,7 @@ class EngineDriver:
             return
         lateness = self.clock.now() - end_s
         if self.lateness is not None:
-            self.lateness.add(max(lateness, 0.0))
+            self.lateness.add(max(lateness, 0.0), end_s)
         self.on_events(idx, self.engines[idx].complete_step(end_s))
         t = end_s
         if lateness > self.resync_s:

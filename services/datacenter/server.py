@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from geoserve.v1 import common_pb2 as pb
@@ -64,6 +66,7 @@ class WallDcRuntime:
         self.stopped = False
         self.in_flight_ids: set[str] = set()  # request identity: one request per id at a time
         self.on_completed: Callable[[pb.RequestRecord], None] | None = None  # metrics hook
+        self.poll_trace: list[float] | None = None  # GetState arrivals (GEOSERVE_TRACE_DIR)
 
     def start(self) -> None:
         """Engines step through the shared `DcDriver` (timers on the running loop)."""
@@ -197,6 +200,8 @@ class DatacenterService(dgrpc.DatacenterServicer):
         self, request: dpb.GetStateRequest, context: grpc.aio.ServicerContext
     ) -> dpb.DcStateReply:
         now = self.rt.clock.now()
+        if self.rt.poll_trace is not None:
+            self.rt.poll_trace.append(now)
         c = self.rt.dc.counters(now, per_engine=request.include_engines)
         return counters_to_proto(self.rt.dc, c, names=[e.name for e in self.rt.dc.engines])
 
@@ -256,6 +261,10 @@ async def serve(
 ) -> None:
     """Run the datacenter service until SIGTERM/SIGINT (then drain and stop)."""
     rt = WallDcRuntime(dc, clock)
+    trace_dir = os.environ.get("GEOSERVE_TRACE_DIR", "")
+    if trace_dir:  # diagnosis: every wake-up's lateness and every poll's arrival
+        dc.lateness.trace = []
+        rt.poll_trace = []
     if metrics is not None:
         metrics.attach(dc, clock.now, clock.dilation, asyncio.get_running_loop())
         rt.on_completed = metrics.on_record
@@ -281,3 +290,18 @@ async def serve(
         ready.set()
     await stopping.wait()
     await rt.stop()
+    if trace_dir:
+        _write_trace(Path(trace_dir), dc, rt.poll_trace or [])
+
+
+def _write_trace(out: Path, dc: Datacenter, polls: list[float]) -> None:
+    """``<dc>.trace.csv``: ``kind,time_s,lateness_s`` rows, kind ``wake`` (a step's planned
+    end and how late it woke up) or ``poll`` (a GetState's arrival), emulated seconds."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / f"{dc.config.name}.trace.csv").open("w") as f:
+        f.write("kind,time_s,lateness_s\n")
+        for at, late in dc.lateness.trace or []:
+            f.write(f"wake,{at:.6f},{late:.6f}\n")
+        for at in polls:
+            f.write(f"poll,{at:.6f},\n")
+
