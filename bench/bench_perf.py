@@ -108,7 +108,7 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
     if out.returncode != 0:
         raise SystemExit(f"point {spec} failed:\n{out.stderr[-3000:]}")
     res: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"  {res['policy']:14s} {res['topology']} x{res.get('scale', 1)} "
+    print(f"  {res.get('label', res['policy']):14s} {res['topology']} x{res.get('scale', 1)} "
           f"{res['rate']:6.0f} req/s {res['duration']:5.0f} s: wall {res['wall_s']:6.1f} s, "
           f"{res['speed']:5.2f} emulated s/wall s, {res['cpu_us_per_request']:6.1f} CPU µs/req, "
           f"RSS {res['peak_rss_mib']:5.0f} MiB", flush=True)
@@ -185,6 +185,34 @@ def part_decisions(args: argparse.Namespace) -> list[dict[str, Any]]:
               f"p99 {row['submit_p99_us']:7.1f} µs", flush=True)
         out.append(row)
     return out
+
+
+def part_sweep(args: argparse.Namespace) -> dict[str, Any]:
+    """Every sweep policy at the sweep's three rates, on two worker processes, for
+    `--sweep-duration` emulated s; the full base sweep's time (200 s points, 3 seeds, the
+    ablation) is extrapolated from each point's load time (cost per request is flat)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from services.sweep.run import ABLATION_LABELS, DEFAULT_POLICIES, Point
+
+    d = args.sweep_duration
+    print(f"== sweep: {len(DEFAULT_POLICIES)} policies x 3 rates, {d:g} s points, "
+          f"{args.jobs} workers", flush=True)
+    specs = [{"topology": "base", "policy": pol, "config": cfg, "label": label, "rate": rate,
+              "duration": d, "warmup": min(args.warmup, d / 4)}
+             for label, pol, cfg in DEFAULT_POLICIES for rate in (1200.0, 2400.0, 4000.0)]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(args.jobs) as ex:
+        rows = list(ex.map(run_point, specs))
+    took = time.perf_counter() - t0
+    full = Point.duration_s
+    per_point = [r["wall_s"] + r["load_wall_s"] * (full / d - 1.0) for r in rows]
+    ablated = [x for r, x in zip(rows, per_point, strict=True) if r["label"] in ABLATION_LABELS]
+    seeds = 3
+    est = (sum(per_point) + sum(ablated)) * seeds / args.jobs
+    return {"rows": rows, "wall_s": took, "jobs": args.jobs, "duration": d,
+            "full_duration": full, "seeds": seeds,
+            "points_full": (len(rows) + len(ablated)) * seeds, "estimate_full_s": est}
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -397,6 +425,24 @@ def render(res: dict[str, Any], doc: Path) -> None:
                       f"run above: p50 {_ms(fm[0]['decision_p50_s'])}, p99 "
                       f"{_ms(fm[0]['decision_p99_s'])} (target p99 ≤ 50 ms)."]
         lines.append("")
+    sw = res.get("sweep")
+    if sw:
+        lines += ["## Sweeps", "",
+                  f"Every policy of `geoserve sweep` ({len(sw['rows']) // 3} labels) at 1200, "
+                  f"2400 and 4000 req/s: {len(sw['rows'])} points of {sw['duration']:g} "
+                  f"emulated s took {sw['wall_s']:.0f} s on {sw['jobs']} worker processes. "
+                  f"The full base sweep -- {sw['points_full']} points of "
+                  f"{sw['full_duration']:g} s (3 seeds, the peer-projection ablation "
+                  f"included), `geoserve sweep --seeds 1,2,3` -- is estimated at "
+                  f"**{sw['estimate_full_s'] / 3600:.1f} h** here (each point's load time "
+                  f"scaled to {sw['full_duration']:g} s; the cost per request is flat, table "
+                  "above).", "",
+                  "| label | req/s | wall s | speed | decision p99 |",
+                  "|---|---:|---:|---:|---:|"]
+        for r in sw["rows"]:
+            lines.append(f"| {r.get('label', r['policy'])} | {r['rate']:g} | "
+                         f"{r['wall_s']:.1f} | {r['speed']:.2f} | {_ms(r['decision_p99_s'])} |")
+        lines.append("")
     w = res.get("wall")
     if w:
         lines += ["## Wall runtime, base.yaml at k = 1", "",
@@ -430,6 +476,8 @@ def main() -> None:
     ap.add_argument("--scale-duration", type=float, default=20.0)
     ap.add_argument("--scale-rate", type=float, default=1200.0)
     ap.add_argument("--decisions", type=int, default=5000)
+    ap.add_argument("--sweep-duration", type=float, default=20.0)
+    ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--wall-rates", default="2,50,300,600,1200")
     ap.add_argument("--wall-duration", type=float, default=20.0)
     ap.add_argument("--wall-modes", default="sync",
@@ -446,7 +494,7 @@ def main() -> None:
     if not args.render_only:
         parts = [p for p in args.parts.split(",") if p]
         for p in parts:
-            if p not in ("virtual", "scale", "decisions", "wall"):
+            if p not in ("virtual", "scale", "decisions", "wall", "sweep"):
                 raise SystemExit(f"--parts: unknown part {p!r}")
             res[p] = globals()[f"part_{p}"](args)
         res["command"] = "python bench/bench_perf.py " + " ".join(sys.argv[1:])
