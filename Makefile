@@ -9,14 +9,14 @@ TOPOLOGY ?= topologies/small.yaml
 POLICY ?= round-robin
 PYTEST_ARGS ?=
 
-.PHONY: all venv proto proto-check lint typecheck test test-fast run bench clean help deps-system
+.PHONY: all venv proto proto-check lint typecheck test test-fast run bench bench-all clean help deps-system
 
 help:
 	@echo "make run    - set up and run the default emulated topology end to end"
 	@echo "make test   - set up and run lint, type checks and the whole test suite"
 	@echo "make proto  - regenerate protos/geoserve/v1/*_pb2*.py from the .proto files"
 	@echo "make lint   - ruff + mypy"
-	@echo "make bench  - run the benchmarks in bench/"
+	@echo "make bench  - performance figures -> docs/performance.md (bench-all: every bench/)"
 
 venv: $(STAMP)
 
@@ -59,7 +59,12 @@ run: $(STAMP)
 	$(BIN)/geoserve run --topology $(TOPOLOGY) --policy $(POLICY)
 
 bench: $(STAMP)
-	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	$(BIN)/python bench/bench_wall_lateness.py
+	$(BIN)/python bench/bench_perf.py
+
+bench-all: bench
+	@for b in bench/bench_engine.py bench/bench_policies.py bench/bench_e2e.py \
+		bench/bench_chaos.py bench/bench_soak.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
