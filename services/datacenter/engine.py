@@ -60,6 +60,7 @@ from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from services.config.calibration import Calibration
@@ -602,15 +603,16 @@ class Engine:
         # one token per request per step; it stops early at the first boundary where
         # a waiting request could be admitted
         limit = self._admissible_from()
-        t = now + dur
-        ends, energies = [t], [energy]
-        for s in range(1, k):
-            if t >= limit:
-                break
-            kv_s = kv + n * s
-            t = t + perf.decode_time(n, kv_s)
-            ends.append(t)
-            energies.append(perf.decode_energy(n, kv_s))
+        if now + dur >= limit:
+            k = 1
+        times, energies = perf.decode_run(n, kv, k)
+        ends = list(accumulate(times, initial=now))
+        del ends[0]  # each step from the previous one's end, summed in order
+        if limit < ends[-1]:  # stop at the first boundary at or after the admissible arrival
+            m = bisect_left(ends, limit) + 1
+            del ends[m:]
+            del energies[m:]
+        t = ends[-1]
         if len(ends) == 1:
             plan = StepPlan(DECODE, now, dur, energy, n, n, kv)
         else:

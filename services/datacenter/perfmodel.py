@@ -195,6 +195,23 @@ class PerfModel:
             return 0.0
         return _decode_energy(self._e, batch, kv_tokens) * self.decode_energy_factor
 
+    def decode_run(self, batch: int, kv_tokens: int, steps: int
+                   ) -> tuple[list[float], list[float]]:
+        """(times, energies) of `steps` decode steps of a fixed batch whose KV grows by one
+        token per request per step (step s reads ``kv_tokens + batch * s``): the scalar
+        formulas, on arrays for longer runs -- the same floating-point operations, so the
+        same values as `decode_time` / `decode_energy` step by step."""
+        if steps < 8:
+            kvs = [kv_tokens + batch * s for s in range(steps)]
+            return ([self.decode_time(batch, k) for k in kvs],
+                    [self.decode_energy(batch, k) for k in kvs])
+        if batch <= 0:
+            return [0.0] * steps, [0.0] * steps
+        kv = np.arange(steps, dtype=np.float64) * float(batch) + float(kv_tokens)
+        times = _decode_time(self._d, float(batch), kv) * self.decode_time_factor
+        energies = _decode_energy(self._e, float(batch), kv) * self.decode_energy_factor
+        return times.tolist(), energies.tolist()
+
     @property
     def idle_w(self) -> float:
         """Idle power of the whole engine (all its TP GPUs)."""

@@ -183,3 +183,17 @@ def test_frequency_change_mid_run() -> None:
         [v for s in ref_states for v in s[3:]], rel=1e-12)
     base_done, _ = _dc_run(setup, 32, [])
     assert base_done != ref_done  # the changes did change the run
+
+
+@pytest.mark.parametrize("mhz", [None, 1005.0])
+def test_decode_run_equals_steps(llama_cal: Calibration, mhz: float | None) -> None:
+    """`PerfModel.decode_run` (arrays from 8 steps on) gives the step-by-step floats."""
+    from services.datacenter.perfmodel import PerfModel
+
+    perf = PerfModel(llama_cal, frequency_mhz=mhz)
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        n, kv, k = int(rng.integers(1, 41)), int(rng.integers(1, 170_000)), int(rng.integers(1, 33))
+        times, energies = perf.decode_run(n, kv, k)
+        assert times == [perf.decode_time(n, kv + n * s) for s in range(k)]
+        assert energies == [perf.decode_energy(n, kv + n * s) for s in range(k)]
