@@ -265,7 +265,7 @@ def parse_addr_map(text: str, field: str) -> dict[str, str]:
 
 async def serve_event_stream(
     request_iterator: AsyncIterator[Any],
-    intake: Callable[[Any, Callable[[Any], None]], Any],
+    intake: Callable[[Any, Callable[[Any], None]], Any | None],
     is_final: Callable[[Any], bool],
     request_id: Callable[[Any], str],
     context: grpc.aio.ServicerContext | None = None,
@@ -274,8 +274,8 @@ async def serve_event_stream(
     `Submit`/`Forward`, the DC's `SubmitStream`).
 
     Each incoming message goes to ``intake(msg, sink)``: it returns an event that refuses
-    the message (sent at once; nothing stays pending) or anything else to accept it, in
-    which case its events come later through `sink`. The stream ends once the client has
+    the message (sent at once; nothing stays pending) or None to accept it, in which case
+    its events come later through `sink`. The stream ends once the client has
     half-closed and every accepted request has had its final event (`is_final`; events
     name their request in ``request_id``, messages through `request_id(msg)`). Pending
     requests are counted per id, so a refused duplicate never ends the wait for the
@@ -297,7 +297,7 @@ async def serve_event_stream(
                 rid = request_id(msg)
                 pending[rid] += 1
                 refusal = intake(msg, sink)
-                if refusal is not None and not isinstance(refusal, bool):
+                if refusal is not None:
                     pending[rid] -= 1
                     out.put_nowait((True, refusal))
         except DecodeError as exc:
