@@ -207,9 +207,10 @@ class PerfModel:
                     [self.decode_energy(batch, k) for k in kvs])
         if batch <= 0:
             return [0.0] * steps, [0.0] * steps
-        kv = np.arange(steps, dtype=np.float64) * float(batch) + float(kv_tokens)
-        times = _decode_time(self._d, float(batch), kv) * self.decode_time_factor
-        energies = _decode_energy(self._e, float(batch), kv) * self.decode_energy_factor
+        b: FloatArray = np.full(steps, float(batch))
+        kv: FloatArray = np.arange(steps, dtype=np.float64) * float(batch) + float(kv_tokens)
+        times = _decode_time(self._d, b, kv) * self.decode_time_factor
+        energies = _decode_energy(self._e, b, kv) * self.decode_energy_factor
         return times.tolist(), energies.tolist()
 
     @property
