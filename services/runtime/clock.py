@@ -10,7 +10,11 @@ which clock it runs on — as SimPy's `RealtimeEnvironment` only overrides ``ste
   recorded latency is emulated time (wall / k). All processes of a run get the same
   epoch, so their emulated clocks agree. ``call_at`` goes through the running asyncio
   loop; `sleep_until` returns how late the wake-up was (emulated seconds) — the overrun
-  detector's sample.
+  detector's sample. asyncio waits in ``epoll_wait``, whose timeout has a resolution of
+  1 ms, rounded up: a timer fires 0-1 ms late before any scheduling delay. So
+  ``call_at`` arms the loop's timer `EARLY_S` before the deadline and sleeps the rest
+  (``time.sleep``, accurate to tens of µs) before running the callback; the loop is held
+  for at most `EARLY_S` per timer.
 * `services.runtime.vclock.VirtualClock` — an event heap that runs callbacks in time order
   without sleeping.
 """
@@ -41,6 +45,16 @@ class Clock(Protocol):
         ...
 
 
+EARLY_S = 0.0012  # wall s: above epoll's 1 ms rounding of the loop's timeout
+
+
+def _at_deadline(deadline: float, fn: Callable[..., Any], *args: Any) -> None:
+    rest = deadline - time.time()
+    if rest > 0:
+        time.sleep(rest)
+    fn(*args)
+
+
 class WallClock:
     def __init__(self, dilation: float = 1.0, epoch_unix: float | None = None) -> None:
         if not dilation >= 1.0 or dilation == float("inf"):
@@ -57,8 +71,12 @@ class WallClock:
 
     def call_at(self, t: float, fn: Callable[..., Any], *args: Any) -> asyncio.TimerHandle:
         loop = asyncio.get_running_loop()
-        delay = self.epoch_unix + t * self.dilation - time.time()
-        return loop.call_at(loop.time() + max(delay, 0.0), fn, *args)
+        deadline = self.epoch_unix + t * self.dilation
+        delay = deadline - time.time()
+        if delay <= 0:
+            return loop.call_at(loop.time(), fn, *args)
+        return loop.call_at(loop.time() + max(delay - EARLY_S, 0.0), _at_deadline, deadline,
+                            fn, *args)
 
     async def sleep(self, emulated_s: float) -> None:
         if emulated_s > 0:
