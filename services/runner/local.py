@@ -46,7 +46,37 @@ def _die_with_parent() -> None:  # runs in the child before exec
         pass
 
 
+_GIVEN: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands to outgoing connections (Linux), else 32768."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A loopback port free now, below the kernel's ephemeral range: a port the kernel
+    picks (bind 0) can be handed to some process's outgoing connection before the service
+    that should listen on it binds it -- a start-up failure seen in chaos runs."""
+    import random
+
+    low = _ephemeral_low()
+    if low > 12_000:
+        rng = random.SystemRandom()
+        for _ in range(200):
+            port = rng.randrange(10_000, low)
+            if port in _GIVEN:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _GIVEN.add(port)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
