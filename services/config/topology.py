@@ -607,8 +607,9 @@ def _carm(v: _V, raw: Any, dc_names: list[str]) -> CarmSpec:
     )
 
 
-def parse_topology(data: Any, path: str) -> Topology:
-    """Validate a parsed topology mapping; errors name `path` and the key path."""
+def parse_topology(data: Any, path: str, check_ci: bool = True) -> Topology:
+    """Validate a parsed topology mapping; errors name `path` and the key path. With
+    `check_ci` every DC's carbon-intensity source is built (bad traces fail here)."""
     from services.config.rtt import load_rtt_matrix, region_rtt
 
     v = _V(path)
@@ -747,15 +748,20 @@ def parse_topology(data: Any, path: str) -> Topology:
         carm=_carm(v, top["carm"], [d.name for r in regions for d in r.dcs])
         if top.get("carm") is not None else None,
     )
-    from services.config.factory import build_ci
+    if check_ci:
+        from services.config.factory import build_ci
 
-    for d in topo.dcs:  # build every CI source once so bad traces fail at load time
-        build_ci(topo, d)
+        for d in topo.dcs:  # build every CI source once so bad traces fail at load time
+            build_ci(topo, d)
     return topo
 
 
-def load_topology(path: str | Path) -> Topology:
-    """Load a topology by path, or by name from ``topologies/`` (``small`` -> small.yaml)."""
+def load_topology(path: str | Path, check_ci: bool = True) -> Topology:
+    """Load a topology by path, or by name from ``topologies/`` (``small`` -> small.yaml).
+
+    ``check_ci=False`` skips building every DC's CI source: for a service of one
+    component (a DC builds its own; schedulers, the provisioner and the load generator use
+    none), so 22 processes of base.yaml do not each parse every trace at start-up."""
     p = Path(path)
     if not p.exists() and not p.suffix:
         p = TOPOLOGY_DIR / f"{path}.yaml"
@@ -767,4 +773,4 @@ def load_topology(path: str | Path) -> Topology:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(str(p), "", f"not valid YAML: {exc}") from exc
-    return parse_topology(data, str(p))
+    return parse_topology(data, str(p), check_ci)

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from services.runtime.metrics import LoadgenMetrics, metrics_port, serve_metrics
 
     try:
-        topo = load_topology(args.topology).with_overrides(
+        topo = load_topology(args.topology, check_ci=False).with_overrides(
             policy=args.policy, rate_rps=args.rate, duration_s=args.duration,
             dilation=args.dilation, seed=args.seed,
         )

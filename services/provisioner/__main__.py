@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.topology:
             raise InvalidInput("--topology", "required (or set GEOSERVE_TOPOLOGY)")
-        topo = load_topology(args.topology)
+        topo = load_topology(args.topology, check_ci=False)
         if args.dcs is not None:
             addrs = parse_addr_map(args.dcs, "--dcs")
         else:

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from services.scheduler.server import SchedulerRuntime, serve
 
     try:
-        topo = load_topology(args.topology)
+        topo = load_topology(args.topology, check_ci=False)
         if args.policy or args.policy_config:
             spec = topo.region(args.region).scheduler
             topo = topo.with_overrides(policy=args.policy or spec.policy,
