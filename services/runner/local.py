@@ -188,12 +188,12 @@ class LocalRun:
         if "carm" in self.procs:
             self._spawn(self.procs["carm"])
             self._wait_all([self.procs["carm"]])
-        self._spawn(self.procs["provisioner"])
-        self._wait_all([self.procs["provisioner"]])
+        # the schedulers start with the provisioner: they retry its snapshot stream until it
+        # serves (every 0.5 s), and the load waits for a snapshot at every scheduler
         sched_procs = [p for p in self.procs.values() if p.name.startswith("scheduler/")]
-        for p in sched_procs:
+        for p in [self.procs["provisioner"], *sched_procs]:
             self._spawn(p)
-        self._wait_all(sched_procs)
+        self._wait_all([self.procs["provisioner"], *sched_procs])
         self._wait_snapshots()
         if self.prometheus:
             self._wait_scrapes()
