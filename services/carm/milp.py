@@ -146,8 +146,7 @@ class _Model:
         hs = new_highs()
         hs.setOptionValue("time_limit", float(opts.time_limit_s))
         hs.setOptionValue("mip_rel_gap", float(opts.mip_rel_gap))
-        import os as _os
-        hs.setOptionValue("random_seed", int(_os.environ.get("CARM_SEED", "0")))
+        hs.setOptionValue("random_seed", 0)
         if opts.threads:
             hs.setOptionValue("threads", int(opts.threads))
         if abs_gap is not None:
@@ -216,13 +215,8 @@ def build(
     *,
     tardiness: bool = False,
     carbon_budget_g: float | None = None,
-    tight: bool = False,
-    cuts: frozenset[str] = frozenset(),
 ) -> tuple[_Model, Layout]:
     """Build the shared constraint set (see the module docstring)."""
-    if tight:
-        return _build_tight(inst, tab, y_ok=y_allowed, x_ok=x_allowed,
-                            carbon_budget_g=carbon_budget_g, cuts=cuts)
     h, t, k = inst.n_sub, inst.n_slots, inst.n_levels
     nj = len(inst.jobs)
     mdl = _Model.new()
@@ -316,172 +310,6 @@ def build(
             mdl.add_rows(rr_d, np.r_[zc, d], np.r_[-np.ones(m), np.ones(nj)], np.zeros(nj),
                          np.zeros(nj))
     return mdl, lay
-
-
-def _build_tight(inst: Instance, tab: Tables, *, y_ok: BoolArray, x_ok: BoolArray,
-                 carbon_budget_g: float | None, cuts: frozenset[str]) -> tuple[_Model, Layout]:
-    h, t, k = inst.n_sub, inst.n_slots, inst.n_levels
-    nj = len(inst.jobs)
-    mdl = _Model.new()
-    y = mdl.add_vars((h, t, k), 0.0, y_ok.astype(np.float64), True)
-    nmax = np.array([min(j.max_workers, inst.train_nodes) for j in inst.jobs],
-                    dtype=np.float64).reshape(nj, 1)
-    xa = x_ok.astype(np.float64)
-    w = mdl.add_vars((nj, t), 0.0, nmax * xa, True)
-    us = mdl.add_vars((t,), 0.0, inst.solar_j / KWH_J, False)
-    uw = mdl.add_vars((t,), 0.0, inst.wind_j / KWH_J, False)
-    g = mdl.add_vars((t,), 0.0, np.inf, False)
-    late = np.zeros((nj, t), dtype=bool)
-    for j, jb in enumerate(inst.jobs):
-        late[j, jb.deadline_slot + 1:] = x_ok[j, jb.deadline_slot + 1:]
-    zc = mdl.add_vars((int(late.sum()),), 0.0, 1.0, "zcont" not in cuts)
-    hc = np.full((nj, t), -1, dtype=np.int64)
-    hc[late] = zc
-    d = mdl.add_vars((nj,), 0.0, np.inf, "dint" in cuts)
-    ht = h * t
-    mdl.add_rows(np.repeat(np.arange(ht), k), y.ravel(), 1.0, np.ones(ht), np.ones(ht))
-    e = tab.epochs_per_worker_slot
-    req = np.array([jb.epochs for jb in inst.jobs])
-    if nj:
-        if "int_epochs" in cuts:
-            w_lo = np.ceil(req / e - 1e-9)
-            w_hi = np.floor((req + e) / e + 1e-9)
-            mdl.add_rows(np.repeat(np.arange(nj), t), w.ravel(), 1.0, w_lo, w_hi)
-        else:
-            mdl.add_rows(np.repeat(np.arange(nj), t), w.ravel(), np.repeat(e, t), req, req + e)
-            w_hi = np.floor((req + e) / e + 1e-9)
-        mdl.add_rows(np.tile(np.arange(t), nj), w.ravel(), 1.0, np.full(t, -np.inf),
-                     np.full(t, float(inst.train_nodes)))
-    e_inf = tab.inf_energy_j / KWH_J
-    r_y = np.broadcast_to(np.arange(t)[None, :, None], (h, t, k)).ravel()
-    r_w = np.broadcast_to(np.arange(t)[None, :], (nj, t)).ravel()
-    e_tr = np.broadcast_to((tab.train_energy_per_worker_slot_j / KWH_J)[:, None], (nj, t))
-    mdl.add_rows(
-        np.r_[r_y, r_w, np.arange(t), np.arange(t), np.arange(t)],
-        np.r_[y.ravel(), w.ravel(), us, uw, g],
-        np.r_[e_inf.ravel(), e_tr.ravel(), -np.ones(3 * t)],
-        np.zeros(t), np.zeros(t),
-    )
-    if "phi" in cuts:
-        phi = mdl.add_vars((1,), 0.0, np.inf, True)
-        prio = np.array([jb.priority for jb in inst.jobs])
-        mdl.add_rows(np.zeros(nj + 1), np.r_[d, phi], np.r_[prio, -1.0], [0.0], [0.0])
-        lay = Layout(y, w, w, w, us, uw, g, hc, np.r_[d, phi])
-    else:
-        lay = Layout(y, w, w, w, us, uw, g, hc, d)
-    if carbon_budget_g is not None:
-        cc = carbon_cost(inst, lay, mdl.n_col)
-        cols = np.r_[us, uw, g]
-        mdl.add_rows(np.zeros(cols.size), cols, cc[cols], [-np.inf], [carbon_budget_g])
-    jj, tt = np.nonzero(late)
-    m = jj.size
-    if m:
-        rr = np.arange(m)
-        zc = hc[jj, tt]
-        # w <= nmax z
-        mdl.add_rows(np.r_[rr, rr], np.r_[w[jj, tt], zc], np.r_[np.ones(m), -nmax[jj, 0]],
-                     np.full(m, -np.inf), np.zeros(m))
-        nxt = (tt + 1 < t) & (hc[jj, np.minimum(tt + 1, t - 1)] >= 0)
-        zz = zc[nxt]
-        zn = hc[jj[nxt], tt[nxt] + 1]
-        q = np.arange(zz.size)
-        mdl.add_rows(np.r_[q, q], np.r_[zz, zn], np.r_[np.ones(zz.size), -np.ones(zz.size)],
-                     np.zeros(zz.size), np.full(zz.size, np.inf))
-        rr_d = np.r_[jj, np.arange(nj)]
-        mdl.add_rows(rr_d, np.r_[zc, d], np.r_[-np.ones(m), np.ones(nj)], np.zeros(nj),
-                     np.zeros(nj))
-        if "work" in cuts:
-            rows_r, rows_c, rows_v = [], [], []
-            for i_, (j, s) in enumerate(zip(jj, tt, strict=True)):
-                cols = w[j, s:]
-                rows_r.append(np.full(cols.size + 1, i_))
-                rows_c.append(np.r_[cols, hc[j, s]])
-                rows_v.append(np.r_[np.ones(cols.size), -w_hi[j]])
-            mdl.add_rows(np.concatenate(rows_r), np.concatenate(rows_c),
-                         np.concatenate(rows_v), np.full(m, -np.inf), np.zeros(m))
-        if "hull" in cuts:
-            # R_s = sum_{t >= s} w[j,t] <= sum_k c_k zhat[j, s+k], c = (nmax, .., nmax, rest, 0..),
-            # zhat = 1 up to the deadline, z after it: at most nmax per slot and W_hi in all.
-            rows_r, rows_c, rows_v, hi_ = [], [], [], []
-            if "cum" in cuts:
-                rcol = mdl.add_vars((nj, t), 0.0, np.inf, False)
-                # R[j,s] - w[j,s] - R[j,s+1] = 0
-                rr_, cc_, vv_ = [], [], []
-                q_ = 0
-                for j in range(nj):
-                    for s0 in range(t):
-                        rr_ += [q_, q_]
-                        cc_ += [rcol[j, s0], w[j, s0]]
-                        vv_ += [1.0, -1.0]
-                        if s0 + 1 < t:
-                            rr_.append(q_); cc_.append(rcol[j, s0 + 1]); vv_.append(-1.0)
-                        q_ += 1
-                mdl.add_rows(rr_, cc_, vv_, np.zeros(q_), np.zeros(q_))
-            i_ = 0
-            for j, jb in enumerate(inst.jobs):
-                dl = jb.deadline_slot
-                nm = int(nmax[j, 0])
-                wh = int(w_hi[j])
-                c_k = [nm] * (wh // nm) + ([wh % nm] if wh % nm else [])
-                for s0 in range(jb.arrival_slot, t):
-                    if s0 <= dl and nm * (dl - s0 + 1) >= wh:
-                        continue  # the remaining work always fits before the deadline
-                    cols = w[j, s0:] if "cum" not in cuts else np.array([rcol[j, s0]])
-                    zs, zv, const = [], [], 0.0
-                    for kk, ck in enumerate(c_k):
-                        s1 = s0 + kk
-                        if s1 >= t:
-                            break
-                        if s1 <= dl:
-                            const += ck
-                        else:
-                            zs.append(hc[j, s1])
-                            zv.append(-ck)
-                    rows_r.append(np.full(cols.size + len(zs), i_))
-                    rows_c.append(np.r_[cols, np.array(zs, dtype=np.int64)])
-                    rows_v.append(np.r_[np.ones(cols.size), np.array(zv, dtype=np.float64)])
-                    hi_.append(const)
-                    i_ += 1
-            if i_:
-                mdl.add_rows(np.concatenate(rows_r), np.concatenate(rows_c),
-                             np.concatenate(rows_v), np.full(i_, -np.inf), np.array(hi_))
-        if "span" in cuts:
-            # d_j >= (s - 1 - dl) z_s + R_s / nmax  (s > dl), d_j >= R_s/nmax - (dl - s + 1) (s <= dl)
-            rows_r, rows_c, rows_v, lo = [], [], [], []
-            i_ = 0
-            for j, jb in enumerate(inst.jobs):
-                dl = jb.deadline_slot
-                for s in range(jb.arrival_slot, t):
-                    cols = w[j, s:]
-                    if s > dl:
-                        rows_r.append(np.full(cols.size + 2, i_))
-                        rows_c.append(np.r_[cols, hc[j, s], d[j]])
-                        rows_v.append(np.r_[-np.ones(cols.size) / nmax[j, 0], -(s - 1 - dl), 1.0])
-                        lo.append(0.0)
-                    else:
-                        rows_r.append(np.full(cols.size + 1, i_))
-                        rows_c.append(np.r_[cols, d[j]])
-                        rows_v.append(np.r_[-np.ones(cols.size) / nmax[j, 0], 1.0])
-                        lo.append(-(dl - s + 1))
-                    i_ += 1
-            mdl.add_rows(np.concatenate(rows_r), np.concatenate(rows_c),
-                         np.concatenate(rows_v), np.array(lo), np.full(i_, np.inf))
-    return mdl, lay
-
-
-def _pareto_levels(cost: FloatArray, energy: FloatArray) -> BoolArray:
-    """Per (i, t), the levels not dominated in (cost, energy); ties keep the highest level."""
-    h, t, k = cost.shape
-    keep = np.ones((h, t, k), dtype=bool)
-    for a in range(k):
-        for b in range(k):
-            if a == b:
-                continue
-            # b dominates a: no worse in both, and strictly better in one or (equal and b > a)
-            le = (cost[:, :, b] <= cost[:, :, a]) & (energy[:, :, b] <= energy[:, :, a])
-            lt = (cost[:, :, b] < cost[:, :, a]) | (energy[:, :, b] < energy[:, :, a])
-            keep[:, :, a] &= ~(le & (lt | (b > a)))
-    return keep
 
 
 def window(inst: Instance, until_deadline: bool) -> BoolArray:
@@ -587,26 +415,13 @@ def solve_carbon(inst: Instance, carbon_budget_g: float, opts: MilpOptions | Non
     why_e = _check_epochs_fit(inst, tab, x_ok)
     if why_e:
         return _empty_plan(inst, "carbon", SolveInfo("infeasible", np.nan, np.nan, 0.0, 0, why_e))
-    import os
-    _c = os.environ.get("CARM_CUTS")
-    if _c and "pareto" in _c:
-        pen = inst.inference_weights()[:, None, None] * np.maximum(
-            tab.latency_s - inst.latency_bounds_s()[:, None, None], 0.0)
-        y_ok = _pareto_levels(pen, tab.inf_energy_j)
-    if _c is None:
-        mdl, lay = build(inst, tab, y_ok, x_ok, tardiness=True, carbon_budget_g=carbon_budget_g)
-    else:
-        mdl, lay = build(inst, tab, y_ok, x_ok, tardiness=True, carbon_budget_g=carbon_budget_g,
-                         tight=True, cuts=frozenset(_c.split(",")))
+    mdl, lay = build(inst, tab, y_ok, x_ok, tardiness=True, carbon_budget_g=carbon_budget_g)
     cost = np.zeros(mdl.n_col)
     bounds = inst.latency_bounds_s()
     excess = np.maximum(tab.latency_s - bounds[:, None, None], 0.0)
     cost[lay.y] = inst.inference_weights()[:, None, None] * excess
     assert lay.d is not None
-    if _c and "phi" in _c:
-        cost[lay.d[-1]] = 1.0
-    else:
-        cost[lay.d] = np.array([jb.priority for jb in inst.jobs])
+    cost[lay.d] = np.array([jb.priority for jb in inst.jobs])
     cost += 1e-3 * carbon_cost(inst, lay, mdl.n_col) / carbon_budget_g
     st, sol, obj, gap, run_s = mdl.solve(cost, opts)
     note = "" if st != "infeasible" else f"carbon budget {carbon_budget_g:.0f} g is too small"
