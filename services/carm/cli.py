@@ -154,8 +154,8 @@ def cmd_joint(args: argparse.Namespace) -> int:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="workload generator seed (default 0)")
-    p.add_argument("--time-limit-s", type=float, default=120.0,
-                   help="HiGHS time limit per MILP (default 120)")
+    p.add_argument("--time-limit-s", type=float, default=MilpOptions().time_limit_s,
+                   help=f"HiGHS time limit per MILP (default {MilpOptions().time_limit_s:g})")
     p.add_argument("--carbon-budget-g", type=float, default=None,
                    help="Problem 1 budget B in gCO2e (default: from data/carm/site.yaml)")
     p.add_argument("--power-cap-w", type=float, default=None,
@@ -177,7 +177,7 @@ def register(subparsers: Any) -> None:
     rep.add_argument("--out", default="docs/carm-results.md")
     rep.add_argument("--img-dir", default="docs/img")
     _common(rep)
-    rep.set_defaults(func=cmd_report, time_limit_s=60.0)
+    rep.set_defaults(func=cmd_report)
     jo = sub.add_parser("joint", help="geo-scheduling x CA-RM on topologies/joint.yaml "
                                       "(virtual runtime, 4 runs)")
     jo.add_argument("--topology", default="joint", help="topology with a carm section")

@@ -10,6 +10,7 @@ Rules / theory of operation
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,16 +47,27 @@ def register(m: Method) -> None:
     REGISTRY[m.name] = m
 
 
-def carbon_budget(inst: Instance, cfg: MethodConfig) -> float:
+def _budget_and_least_carbon_plan(inst: Instance, cfg: MethodConfig
+                                  ) -> tuple[float, Plan | None]:
     if cfg.carbon_budget_g is not None:
-        return cfg.carbon_budget_g
+        return cfg.carbon_budget_g, None
     ref = evaluate(inst, baselines.fixed_clock(inst, -1, "baseline-max")).summary.carbon_g
-    low = milp.min_carbon_g(inst, cfg.milp)
-    return low + cfg.carbon_budget_fraction * max(ref - low, 0.0)
+    low_plan = milp.min_carbon_plan(inst, cfg.milp)
+    low = low_plan.info.objective
+    if not math.isfinite(low):
+        raise InvalidInput("jobs", f"no plan completes every job within the horizon "
+                                   f"({low_plan.info.status})")
+    return low + cfg.carbon_budget_fraction * max(ref - low, 0.0), low_plan
+
+
+def carbon_budget(inst: Instance, cfg: MethodConfig) -> float:
+    return _budget_and_least_carbon_plan(inst, cfg)[0]
 
 
 def _carbon(inst: Instance, cfg: MethodConfig) -> Plan:
-    return milp.solve_carbon(inst, carbon_budget(inst, cfg), cfg.milp)
+    # the least-carbon plan that sets the budget is also a feasible warm start
+    budget, low_plan = _budget_and_least_carbon_plan(inst, cfg)
+    return milp.solve_carbon(inst, budget, cfg.milp, start=low_plan)
 
 
 def _powercap(inst: Instance, cfg: MethodConfig) -> Plan:

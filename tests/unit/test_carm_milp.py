@@ -261,3 +261,189 @@ def test_linearisation_equals_nonlinear_model_on_random_integer_points():
                 for j, p in enumerate((TR_A, TR_B))]
         assert np.allclose(ep_rows, want, rtol=1e-12)
     assert mc_rows is not None
+
+
+# --- Problem 1's aggregated model against the reference model -------------------------------
+
+def small_paper_instance(workload="medium", n_jobs=6):
+    """The paper's 24 h instance (4 sub-clusters, 5 clocks, real supply) with a few jobs."""
+    from services.carm.workload import paper_instance
+
+    return paper_instance(workload, 0, n_jobs=n_jobs)
+
+
+def _budget(inst, frac):
+    """C_min (reference model) + frac x (C of baseline-MAX - C_min), plus rounding room."""
+    from services.carm import baselines
+
+    c_min = milp.min_carbon_g(inst, EXACT, formulation="reference")
+    c_max = evaluate(inst, baselines.fixed_clock(inst, -1, "baseline-max")).summary.carbon_g
+    return c_min + frac * max(c_max - c_min, 0.0) + 1e-7 * c_min
+
+
+EXACT = milp.MilpOptions(mip_rel_gap=0.0, time_limit_s=60.0)
+
+
+@pytest.mark.parametrize("case", [("tiny", 1.0), ("tiny", 0.5), ("medium", 0.0),
+                                  ("medium", 0.05), ("medium", 0.3), ("heavy", 0.0),
+                                  ("heavy", 0.05)], ids=lambda c: f"{c[0]}-{c[1]:g}")
+def test_tight_carbon_model_has_the_reference_optimum(case):
+    """Problem 1 on the aggregated model (default) and on the reference model: same optimum.
+
+    medium: one undominated clock per (i, t), so the lexicographic pair of MILPs; heavy and
+    tiny: clock choices with different penalties, one MILP."""
+    where, frac = case
+    if where == "tiny":
+        inst = tiny(jobs=((0, 0, 15.0, 1.0), (1, 1, 20.0, 2.0)))
+        plans = list(enumerate_plans(inst))
+        c_min = min(p[3] for p in plans)
+        c_free = min(p[3] for p in plans if all(x <= INF.latency_bound_s for x in p[4]))
+        budget = c_min + frac * (c_free - c_min) + 1e-6
+    else:
+        inst = small_paper_instance(where, 6 if where == "medium" else 8)
+        budget = _budget(inst, frac)
+    ref = milp.solve_carbon(inst, budget, EXACT, formulation="reference")
+    new = milp.solve_carbon(inst, budget, EXACT)
+    assert ref.info.status == "optimal" and new.info.status == "optimal"
+    # HiGHS stops at an absolute gap of 1e-6 (its default) even with a zero relative gap
+    assert new.info.objective == pytest.approx(ref.info.objective, rel=1e-7, abs=2e-6)
+    ev_new, ev_ref = evaluate(inst, new).summary, evaluate(inst, ref).summary
+    assert ev_new.carbon_g <= budget * (1 + 1e-9)
+    if frac <= 0.05:
+        # tight budgets trade tardiness for carbon, so the z/d part of the model matters
+        assert ev_ref.training_deadlines_missed > 0 and ev_new.training_deadlines_missed > 0
+
+
+def test_paper_instance_takes_the_lexicographic_path(monkeypatch):
+    # medium-mix penalties: one undominated clock per (i, t), integer priorities
+    inst = small_paper_instance("medium", 6)
+    tab = tables(inst)
+    pen = inst.inference_weights()[:, None, None] * np.maximum(
+        tab.latency_s - inst.latency_bounds_s()[:, None, None], 0.0)
+    keep = milp.undominated_levels(pen, tab.inf_energy_j)
+    prio = np.array([j.priority for j in inst.jobs])
+    assert milp._integral_penalties(pen, keep, prio)
+    calls = []
+    real = milp._solve_lexicographic
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        calls.append(out[5])
+        return out
+
+    monkeypatch.setattr(milp, "_solve_lexicographic", spy)
+    budget = _budget(inst, 0.05)
+    ref = milp.solve_carbon(inst, budget, EXACT, formulation="reference")
+    # default tolerances: F_tr's optimum is proven by MILP 1 and the tie-break (< 1e-3) is
+    # inside the relative gap, so MILP 2 is skipped
+    plan = milp.solve_carbon(inst, budget)
+    assert calls == [1] and plan.info.iterations == 2  # least-carbon start + MILP 1
+    assert plan.info.status == "optimal" and plan.info.mip_gap <= 1e-4
+    assert plan.info.objective == pytest.approx(ref.info.objective, rel=1e-4)
+    assert np.floor(plan.info.objective) == np.floor(ref.info.objective)  # same F_tr
+    # a zero gap needs MILP 2 for the tie-break
+    exact = milp.solve_carbon(inst, budget, EXACT)
+    assert calls == [1, 2] and exact.info.iterations == 3
+    assert exact.info.objective == pytest.approx(ref.info.objective, rel=1e-7, abs=2e-6)
+
+
+def test_min_carbon_tight_equals_reference():
+    for inst in (tiny(), small_paper_instance("medium"), small_paper_instance("heavy", 8)):
+        ref = milp.min_carbon_g(inst, EXACT, formulation="reference")
+        assert milp.min_carbon_g(inst, EXACT) == pytest.approx(ref, rel=1e-8)
+    brute = min(p[3] for p in enumerate_plans(tiny()))
+    assert milp.min_carbon_g(tiny(), EXACT) == pytest.approx(brute, rel=1e-6)
+
+
+def test_every_reference_plan_is_a_point_of_the_tight_model():
+    """The tail cuts and worker-slot rows remove no plan: every plan the brute force admits
+    (all clocks allowed, any budget) satisfies every row of ``build_tight``."""
+    inst = tiny(jobs=((0, 0, 15.0, 1.0), (1, 1, 20.0, 2.0)))
+    tab = tables(inst)
+    all_y = np.ones_like(tab.latency_s, dtype=bool)
+    mdl, lay = milp.build_tight(inst, tab, all_y, milp.window(inst, False), tardiness=True)
+    ref, lay_r = milp.build(inst, tab, all_y, milp.window(inst, False), tardiness=True)
+    n = 0
+    for lv, w, _demand, _c, _lats, done in enumerate_plans(inst):
+        v = milp.start_vector(inst, tab, lay, mdl.n_col, np.array([lv]), w)
+        assert milp.feasible_start(mdl, v), (lv, w.tolist())
+        # ... and of the reference model (x = [w > 0], n = w)
+        assert milp.feasible_start(ref, milp.start_vector(inst, tab, lay_r, ref.n_col,
+                                                           np.array([lv]), w))
+        # d is the number of slots after the deadline up to the job's last running slot
+        want = [max(h - j.deadline_slot, 0) for h, j in zip(done, inst.jobs, strict=True)]
+        assert v[lay.d].tolist() == want
+        n += 1
+    assert n > 50
+    # and a point outside: job 0 never runs
+    w_bad = np.array([[0, 0, 0], [0, 2, 0]])
+    v = milp.start_vector(inst, tab, lay, mdl.n_col, np.array([[2, 2, 2]]), w_bad)
+    assert not milp.feasible_start(mdl, v)
+
+
+def test_undominated_levels():
+    cost = np.array([[[3.0, 1.0, 0.0, 0.0, 2.0]]])
+    energy = np.array([[[5.0, 4.0, 4.0, 6.0, 1.0]]])
+    # level 0 is beaten by 1 and 2; level 1 by 2 (same energy, lower cost); level 3 by 2
+    assert milp.undominated_levels(cost, energy).tolist() == [[[False, False, True, False,
+                                                                True]]]
+    # identical levels: the higher clock stays
+    same = np.ones((1, 1, 3))
+    assert milp.undominated_levels(same, same).tolist() == [[[False, False, True]]]
+    # a level outside ``allowed`` dominates nothing (without level 2, level 3 has the least
+    # cost) and is not kept
+    allowed = np.array([[[True, True, False, True, True]]])
+    assert milp.undominated_levels(cost, energy, allowed).tolist() == [[[False, True, False,
+                                                                         True, True]]]
+
+
+@pytest.mark.parametrize("which", ["tiny", "paper"])
+def test_warm_start_is_feasible(which):
+    inst = tiny() if which == "tiny" else small_paper_instance("heavy", 8)
+    budget = (min(p[3] for p in enumerate_plans(inst)) * 1.05 if which == "tiny"
+              else _budget(inst, 0.05))
+    tab = tables(inst)
+    pen = inst.inference_weights()[:, None, None] * np.maximum(
+        tab.latency_s - inst.latency_bounds_s()[:, None, None], 0.0)
+    keep = milp.undominated_levels(pen, tab.inf_energy_j)
+    mdl, lay = milp.build_tight(inst, tab, keep, milp.window(inst, False), tardiness=True,
+                                carbon_budget_g=budget)
+    low = milp.min_carbon_plan(inst, EXACT)
+    assert low.info.status == "optimal"
+    v = milp.start_vector(inst, tab, lay, mdl.n_col, low.inf_level, low.train_workers, keep, pen)
+    assert milp.feasible_start(mdl, v)
+    assert mdl.max_violation(v) <= 1e-7
+    # the point's carbon is the plan's carbon as the evaluator computes it
+    c_start = float(milp.carbon_cost(inst, lay, mdl.n_col) @ v)
+    assert c_start <= evaluate(inst, low).summary.carbon_g * (1 + 1e-9) <= budget
+    # the same plan under a budget it breaks is not a valid start
+    mdl2, lay2 = milp.build_tight(inst, tab, keep, milp.window(inst, False), tardiness=True,
+                                  carbon_budget_g=0.99 * c_start)
+    v2 = milp.start_vector(inst, tab, lay2, mdl2.n_col, low.inf_level, low.train_workers, keep,
+                           pen)
+    assert not milp.feasible_start(mdl2, v2)
+    # Problem 1 from that start is no worse than the start
+    cost = np.zeros(mdl.n_col)
+    cost[lay.y] = pen
+    cost[lay.d] = [j.priority for j in inst.jobs]
+    cost += 1e-3 * milp.carbon_cost(inst, lay, mdl.n_col) / budget
+    plan = milp.solve_carbon(inst, budget, EXACT, start=low)
+    assert plan.info.status == "optimal"
+    assert plan.info.objective <= float(cost @ v) + 1e-9
+
+
+
+def test_carbon_at_its_time_limit_keeps_its_incumbent():
+    # the paper's medium instance needs ~30 s; at 1.5 s MILP 1 stops with an incumbent (at
+    # worst the least-carbon start) and its bound (-inf if the root LP did not finish), and
+    # that is what Problem 1 reports
+    from services.carm import methods
+    from services.carm.workload import paper_instance
+
+    inst = paper_instance("medium", 0)
+    budget = methods.carbon_budget(inst, methods.MethodConfig())
+    plan = milp.solve_carbon(inst, budget, milp.MilpOptions(time_limit_s=1.5))
+    assert plan.info.status == "time_limit"
+    assert plan.info.mip_gap > 0.0  # not NaN
+    assert np.isfinite(plan.info.objective) and plan.info.solve_s < 10.0
+    assert evaluate(inst, plan).summary.carbon_g <= budget * (1 + 1e-9)
