@@ -287,6 +287,29 @@ def carbon_cost(inst: Instance, lay: Layout, n_col: int) -> FloatArray:
     return c
 
 
+def _add_energy_and_budget(mdl: _Model, inst: Instance, tab: Tables, lay: Layout,
+                           carbon_budget_g: float | None) -> None:
+    """The energy balance of every slot (sum_k E y + sum_j Etr w - us - uw - g = 0) and,
+    with a budget, the carbon row: the rows both model builders share."""
+    h, t, k = inst.n_sub, inst.n_slots, inst.n_levels
+    nj = len(inst.jobs)
+    e_inf = tab.inf_energy_j / KWH_J  # (H, T, K)
+    r_y = np.broadcast_to(np.arange(t)[None, :, None], (h, t, k)).ravel()
+    r_w = np.broadcast_to(np.arange(t)[None, :], (nj, t)).ravel()
+    e_tr = np.broadcast_to((tab.train_energy_per_worker_slot_j / KWH_J)[:, None], (nj, t))
+    mdl.add_rows(
+        np.r_[r_y, r_w, np.arange(t), np.arange(t), np.arange(t)],
+        np.r_[lay.y.ravel(), lay.w.ravel(), lay.us, lay.uw, lay.g],
+        np.r_[e_inf.ravel(), e_tr.ravel(), -np.ones(3 * t)],
+        np.zeros(t),
+        np.zeros(t),
+    )
+    if carbon_budget_g is not None:
+        cc = carbon_cost(inst, lay, mdl.n_col)
+        cols = np.r_[lay.us, lay.uw, lay.g]
+        mdl.add_rows(np.zeros(cols.size), cols, cc[cols], [-np.inf], [carbon_budget_g])
+
+
 def build(
     inst: Instance,
     tab: Tables,
@@ -354,22 +377,8 @@ def build(
         mdl.add_rows(np.tile(np.arange(t), nj), w.ravel(), 1.0, np.full(t, -np.inf),
                      np.full(t, float(inst.train_nodes)))
     # energy balance: sum_k E y + sum_j Etr w - us - uw - g = 0
-    e_inf = tab.inf_energy_j / KWH_J  # (H, T, K)
-    r_y = np.broadcast_to(np.arange(t)[None, :, None], (h, t, k)).ravel()
-    r_w = np.broadcast_to(np.arange(t)[None, :], (nj, t)).ravel()
-    e_tr = np.broadcast_to((tab.train_energy_per_worker_slot_j / KWH_J)[:, None], (nj, t))
-    mdl.add_rows(
-        np.r_[r_y, r_w, np.arange(t), np.arange(t), np.arange(t)],
-        np.r_[y.ravel(), w.ravel(), us, uw, g],
-        np.r_[e_inf.ravel(), e_tr.ravel(), -np.ones(3 * t)],
-        np.zeros(t),
-        np.zeros(t),
-    )
     lay = Layout(y, x, n, w, us, uw, g, hc, d)
-    if carbon_budget_g is not None:
-        cc = carbon_cost(inst, lay, mdl.n_col)
-        cols = np.r_[us, uw, g]
-        mdl.add_rows(np.zeros(cols.size), cols, cc[cols], [-np.inf], [carbon_budget_g])
+    _add_energy_and_budget(mdl, inst, tab, lay, carbon_budget_g)
     if tardiness and hc is not None and d is not None and nj:
         # z[j,t] (t > deadline_j) = "job j still runs in slot t or later": z >= x, z_t >= z_t+1,
         # d_j = sum_t z[j,t] = max(h_j - deadline_j, 0) at the optimum (the objective pushes z down)
@@ -474,22 +483,8 @@ def build_tight(
         mdl.add_rows(np.repeat(np.arange(nj), t), w.ravel(), 1.0, w_lo, w_hi)
         mdl.add_rows(np.tile(np.arange(t), nj), w.ravel(), 1.0, np.full(t, -np.inf),
                      np.full(t, float(inst.train_nodes)))
-    e_inf = tab.inf_energy_j / KWH_J
-    r_y = np.broadcast_to(np.arange(t)[None, :, None], (h, t, k)).ravel()
-    r_w = np.broadcast_to(np.arange(t)[None, :], (nj, t)).ravel()
-    e_tr = np.broadcast_to((tab.train_energy_per_worker_slot_j / KWH_J)[:, None], (nj, t))
-    mdl.add_rows(
-        np.r_[r_y, r_w, np.arange(t), np.arange(t), np.arange(t)],
-        np.r_[y.ravel(), w.ravel(), us, uw, g],
-        np.r_[e_inf.ravel(), e_tr.ravel(), -np.ones(3 * t)],
-        np.zeros(t),
-        np.zeros(t),
-    )
     lay = Layout(y, None, None, w, us, uw, g, hc, d)
-    if carbon_budget_g is not None:
-        cc = carbon_cost(inst, lay, mdl.n_col)
-        cols = np.r_[us, uw, g]
-        mdl.add_rows(np.zeros(cols.size), cols, cc[cols], [-np.inf], [carbon_budget_g])
+    _add_energy_and_budget(mdl, inst, tab, lay, carbon_budget_g)
     if hc is not None and d is not None and late.any():
         jj, tt = np.nonzero(late)
         m = jj.size
