@@ -220,12 +220,7 @@ class Projection:
             return
         self.n[i] += 1.0
         self.tokens[i] += isl_tokens
-        d = self.base.dcs[i]
-        batch, waiting, queue, kv = project_dispatches(
-            d.active_batch, d.waiting_requests, d.queue_tokens, d.kv_tokens,
-            float(d.max_batch), float(d.engines), self.n[i] * self.scale,
-            self.tokens[i] * self.scale,
-        )
+        batch, waiting, queue, kv = self._projected(i)
         a = self.arrays  # the clamps of `DcArrays.from_snapshot`
         a.batch[i] = max(float(batch), 0.0)
         a.waiting[i] = max(float(waiting), 0.0)
@@ -236,16 +231,21 @@ class Projection:
     def view(self) -> SnapshotView:
         return ProjectedSnapshot(self) if self.dispatched else self.base
 
+    def _projected(self, i: int) -> tuple[float, float, float, float]:
+        """(batch, waiting, queue, KV) of DC `i` after its dispatches so far."""
+        d = self.base.dcs[i]
+        return project_dispatches(
+            d.active_batch, d.waiting_requests, d.queue_tokens, d.kv_tokens,
+            float(d.max_batch), float(d.engines), self.n[i] * self.scale,
+            self.tokens[i] * self.scale,
+        )
+
     def dc_views(self) -> tuple[DcView, ...]:
         """The projected DCs as `DcView`s (DCs without dispatches: the snapshot's own)."""
         out = []
         for i, d in enumerate(self.base.dcs):
             if self.n[i]:
-                batch, waiting, queue, kv = project_dispatches(
-                    d.active_batch, d.waiting_requests, d.queue_tokens, d.kv_tokens,
-                    float(d.max_batch), float(d.engines), self.n[i] * self.scale,
-                    self.tokens[i] * self.scale,
-                )
+                batch, waiting, queue, kv = self._projected(i)
                 d = replace(d, active_batch=batch, waiting_requests=waiting,
                             queue_tokens=queue, kv_tokens=kv)
             out.append(d)
