@@ -399,8 +399,7 @@ class Engine:
         req = self.waiting[0]
         if len(self.running) >= self.max_num_seqs:
             return math.inf
-        need = self._blocks_for(req.prefill_target)
-        if need > self.free_blocks - self.watermark_blocks or need > self.free_blocks:
+        if self._blocks_for(req.prefill_target) > self.free_blocks - self.watermark_blocks:
             return math.inf
         return req.arrival_s
 
