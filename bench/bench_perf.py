@@ -430,25 +430,24 @@ def render(res: dict[str, Any], doc: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        if True:
-            img = doc.parent / "img" / "perf_cost.png"
-            img.parent.mkdir(parents=True, exist_ok=True)
-            fig, ax = plt.subplots(1, 2, figsize=(9, 3.4))
-            ax[0].plot([r["engines_gpus"] for r in sc["size"]],
-                       [r["cpu_us_per_request"] for r in sc["size"]], "o-")
-            ax[0].set_xlabel("GPUs (engines) in the topology")
-            ax[0].set_ylabel("CPU µs per request")
-            ax[0].set_title(f"size, {sc['size'][0]['rate']:g} req/s")
-            ax[0].set_ylim(bottom=0)
-            ax[1].plot([r["rate"] for r in sc["rate"]],
-                       [r["cpu_us_per_request"] for r in sc["rate"]], "o-")
-            ax[1].set_xlabel("arrival rate, req/s")
-            ax[1].set_title("rate, base.yaml")
-            ax[1].set_ylim(bottom=0)
-            fig.tight_layout()
-            fig.savefig(img, dpi=110)
-            plt.close(fig)
-            lines += [f"![cost per request](img/{img.name})", ""]
+        img = doc.parent / "img" / "perf_cost.png"
+        img.parent.mkdir(parents=True, exist_ok=True)
+        fig, ax = plt.subplots(1, 2, figsize=(9, 3.4))
+        ax[0].plot([r["engines_gpus"] for r in sc["size"]],
+                   [r["cpu_us_per_request"] for r in sc["size"]], "o-")
+        ax[0].set_xlabel("GPUs (engines) in the topology")
+        ax[0].set_ylabel("CPU µs per request")
+        ax[0].set_title(f"size, {sc['size'][0]['rate']:g} req/s")
+        ax[0].set_ylim(bottom=0)
+        ax[1].plot([r["rate"] for r in sc["rate"]],
+                   [r["cpu_us_per_request"] for r in sc["rate"]], "o-")
+        ax[1].set_xlabel("arrival rate, req/s")
+        ax[1].set_title("rate, base.yaml")
+        ax[1].set_ylim(bottom=0)
+        fig.tight_layout()
+        fig.savefig(img, dpi=110)
+        plt.close(fig)
+        lines += [f"![cost per request](img/{img.name})", ""]
     dd = res.get("decisions")
     if dd:
         lines += ["## Decisions", "",
