@@ -110,7 +110,8 @@ class FrequencyModel:
         return self.levels_mhz[-1]
 
     def snap(self, mhz: float) -> float:
-        """The supported level nearest to `mhz`."""
+        """The supported level nearest to `mhz` (values beyond the range snap to its ends)."""
+        mhz = min(max(mhz, self.levels_mhz[0]), self.levels_mhz[-1])
         return min(self.levels_mhz, key=lambda lv: (abs(lv - mhz), lv))
 
     def factors(self, mhz: float, phase: str) -> tuple[float, float]:

@@ -34,6 +34,7 @@ from services.datacenter.engine import Engine, EngineConfig, EngineRequest
 from services.datacenter.perfmodel import PerfModel
 from services.model.carbon import CISource
 from services.model.errors import InvalidInput, Unavailable
+from services.model.requests import MAX_SITE_POWER_W, check_number
 
 J_PER_KWH = 3.6e6
 ROUTINGS = ("round-robin", "least-loaded")
@@ -232,19 +233,17 @@ class Datacenter:
 
     # ------------------------------------------------------------------ control
     def set_frequency(self, mhz: float, field: str = "gpu_frequency_mhz") -> float:
-        """Snap to the nearest supported level; a non-finite or non-positive value is
-        refused (it would snap to an end of the range)."""
-        if not (math.isfinite(mhz) and mhz > 0):
-            raise InvalidInput(field, f"expected a finite frequency > 0 MHz, got {mhz}")
+        """Snap to the nearest supported level. A value that is not finite, not positive
+        or above twice the top level is refused (it is no GPU clock of this setup)."""
+        top = 2.0 * self.cal.frequency.max_mhz
+        if not (math.isfinite(mhz) and 0 < mhz <= top):
+            raise InvalidInput(field, f"expected a finite frequency in (0, {top:g}] MHz, "
+                                      f"got {mhz}")
         return self.perf.set_frequency(mhz)
 
     def apply_carm(self, now: float, training_w: float, renewable_w: float) -> None:
-        if not (math.isfinite(training_w) and training_w >= 0):
-            raise InvalidInput("training_power_w",
-                               f"expected a finite number >= 0 W, got {training_w}")
-        if not (math.isfinite(renewable_w) and renewable_w >= 0):
-            raise InvalidInput("renewable_supply_w",
-                               f"expected a finite number >= 0 W, got {renewable_w}")
+        check_number("training_power_w", training_w, 0.0, MAX_SITE_POWER_W, " W")
+        check_number("renewable_supply_w", renewable_w, 0.0, MAX_SITE_POWER_W, " W")
         self.accrue(now)
         self.training_w = training_w
         self.renewable_w = renewable_w

@@ -27,7 +27,7 @@ from services.datacenter.dc import Datacenter
 from services.datacenter.driver import DcDriver
 from services.datacenter.engine import EngineEvent, EngineRequest, FirstToken
 from services.model.errors import AlreadyExists, GeoServeError, InvalidInput
-from services.model.requests import check_request, clipped
+from services.model.requests import MAX_EMULATED_S, check_number, check_request, clipped
 from services.runtime.clock import WallClock
 from services.runtime.grpcutil import (
     install_signal_handlers,
@@ -225,6 +225,11 @@ class DatacenterService(dgrpc.DatacenterServicer):
         if not (math.isfinite(f) and f >= 0):  # 0: keep the current level
             raise InvalidInput("gpu_frequency_mhz",
                                f"expected a finite frequency >= 0 MHz (0: keep), got {f}")
+        check_number("slot_start_s", request.slot_start_s, 0.0, MAX_EMULATED_S, " s")
+        check_number("slot_length_s", request.slot_length_s, 0.0, MAX_EMULATED_S, " s")
+        if f > 0:  # refused before anything is applied
+            top = 2.0 * self.rt.dc.cal.frequency.max_mhz
+            check_number("gpu_frequency_mhz", f, 0.0, top, " MHz (0: keep)")
         self.rt.dc.apply_carm(now, request.training_power_w, request.renewable_supply_w)
         level = self.rt.dc.perf.frequency_mhz
         if f > 0:
@@ -234,10 +239,12 @@ class DatacenterService(dgrpc.DatacenterServicer):
     async def Drain(  # noqa: N802
         self, request: dpb.DrainRequest, context: grpc.aio.ServicerContext
     ) -> dpb.DrainReply:
-        if request.grace_s < 0:
-            raise InvalidInput("grace_s", f"must be >= 0, got {request.grace_s}")
+        check_number("grace_s", request.grace_s, 0.0, MAX_DRAIN_GRACE_S, " s (emulated)")
         completed, failed = await drain(self.rt, request.grace_s)
         return dpb.DrainReply(completed=completed, failed=failed)
+
+
+MAX_DRAIN_GRACE_S = 3600.0
 
 
 async def drain(rt: WallDcRuntime, grace_s: float) -> tuple[int, int]:

@@ -1,8 +1,12 @@
-"""What a request message must satisfy wherever it enters (scheduler Submit and Forward,
-a DC's Submit and SubmitStream): one rule, field names in every error.
+"""What a message must satisfy wherever it enters: one rule, field names in every error.
 
-Limits: ids and names at most `MAX_NAME_BYTES` bytes (UTF-8), token counts in
-[1, `MAX_TOKENS`], SLO budgets finite and >= 0 (0 means the topology's).
+* Requests (scheduler Submit and Forward, a DC's Submit and SubmitStream, `check_request`):
+  ids and names at most `MAX_NAME_BYTES` bytes (UTF-8), token counts in [1, `MAX_TOKENS`],
+  SLO budgets finite and >= 0 (0 means the topology's).
+* Control messages (a DC's SetFrequency, ApplyCarmPlan and Drain, the provisioner's Watch
+  and GetStats): `check_number` (finite, within a range) and `check_name` (at most
+  `MAX_NAME_BYTES`); powers at most `MAX_SITE_POWER_W`, emulated times and durations at
+  most `MAX_EMULATED_S`.
 """
 
 from __future__ import annotations
@@ -14,6 +18,10 @@ from services.model.errors import InvalidInput
 
 MAX_NAME_BYTES = 256
 MAX_TOKENS = 10_000_000
+# One site draws at most 1 GW (the largest campuses planned today are about that size).
+MAX_SITE_POWER_W = 1e9
+# Emulated times and durations of control messages: at most a year.
+MAX_EMULATED_S = 365 * 86400.0
 NAME_FIELDS = ("id", "model", "dataset", "origin_region", "target_dc", "target_region",
                "policy")
 
@@ -48,3 +56,20 @@ def clipped(r: Any) -> Any:
         if len(v.encode()) > MAX_NAME_BYTES:
             setattr(out, name, v.encode()[:MAX_NAME_BYTES].decode(errors="ignore"))
     return out
+
+
+def check_number(field: str, v: float, lo: float = 0.0, hi: float = math.inf,
+                 unit: str = "") -> float:
+    """`v` if it is a finite number in [lo, hi]; else `InvalidInput` naming `field`."""
+    if not (math.isfinite(v) and lo <= v <= hi):
+        rng = f">= {lo:g}" if hi == math.inf else f"in [{lo:g}, {hi:g}]"
+        raise InvalidInput(field, f"expected a finite number {rng}{unit}, got {v}")
+    return v
+
+
+def check_name(field: str, v: str) -> str:
+    """`v` if it is at most `MAX_NAME_BYTES` bytes; else `InvalidInput` (not echoing it)."""
+    n = len(v.encode())
+    if n > MAX_NAME_BYTES:
+        raise InvalidInput(field, f"expected at most {MAX_NAME_BYTES} bytes, got {n}")
+    return v

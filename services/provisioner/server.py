@@ -23,6 +23,7 @@ from geoserve.v1 import provisioner_pb2 as ppb
 from geoserve.v1 import provisioner_pb2_grpc as pgrpc
 
 from services.model.errors import InvalidInput
+from services.model.requests import MAX_EMULATED_S, check_name, check_number
 from services.provisioner.convert import batch_occupancy, snapshot_to_proto
 from services.provisioner.core import Poll, ProvisionerCore, SnapshotData, Transition
 from services.provisioner.driver import ProvisionerDriver
@@ -179,7 +180,7 @@ class ProvisionerService(pgrpc.ProvisionerServicer):
     async def Watch(  # noqa: N802 (gRPC method name)
         self, request: ppb.WatchRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Snapshot]:
-        who = request.subscriber or context.peer()
+        who = check_name("subscriber", request.subscriber) or context.peer()
         q = self.prov.subscribe()
         log.info("watch: %s subscribed (%d watching)", who, self.prov.subscribers)
         try:
@@ -203,8 +204,12 @@ class ProvisionerService(pgrpc.ProvisionerServicer):
     async def GetStats(  # noqa: N802
         self, request: ppb.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> ppb.ProvisionerStats:
-        st = self.prov.driver.window_stats(
-            request.since_s, request.until_s if request.until_s > 0 else float("inf"))
+        since = check_number("since_s", request.since_s, 0.0, MAX_EMULATED_S, " s")
+        until = check_number("until_s", request.until_s, 0.0, MAX_EMULATED_S, " s (0: now)")
+        if 0 < until < since:
+            raise InvalidInput("until_s", f"expected 0 (now) or >= since_s ({since:g}), "
+                                          f"got {until:g}")
+        st = self.prov.driver.window_stats(since, until if until > 0 else float("inf"))
         return ppb.ProvisionerStats(
             mode=st.mode, period_s=st.period_s, polls=st.polls, snapshots=st.snapshots,
             failures=st.failures, skipped=st.skipped,

@@ -1,8 +1,9 @@
 """gRPC runtime helpers: server assembly, error mapping, health, shutdown, addresses.
 
-* `ErrorMappingInterceptor` maps domain errors (`services.model.errors`) raised by unary
-  handlers to status codes: InvalidInput -> INVALID_ARGUMENT, CapacityExceeded ->
-  RESOURCE_EXHAUSTED, Unavailable -> UNAVAILABLE, UsageError -> FAILED_PRECONDITION.
+* `ErrorMappingInterceptor` maps domain errors (`services.model.errors`) raised by
+  unary-request handlers to status codes: InvalidInput -> INVALID_ARGUMENT,
+  CapacityExceeded -> RESOURCE_EXHAUSTED, Unavailable -> UNAVAILABLE, UsageError ->
+  FAILED_PRECONDITION; an undecodable request -> INVALID_ARGUMENT.
 * `start_server` adds the standard health service (aio servicer) and reflection.
 * `install_signal_handlers` runs a coroutine on SIGTERM/SIGINT (drain, then stop).
 """
@@ -48,7 +49,10 @@ def status_of(exc: GeoServeError) -> grpc.StatusCode:
 
 
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
-    """Turns domain errors of unary handlers into gRPC status codes."""
+    """Turns domain errors of unary handlers into gRPC status codes, and requests that
+    cannot be decoded into ``INVALID_ARGUMENT`` (not grpc's UNKNOWN and a logged
+    traceback): the request of a unary-request call is decoded here, not by grpc.
+    Streamed requests are decoded as they are read (`serve_event_stream`)."""
 
     async def intercept_service(
         self,
@@ -56,21 +60,48 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
+        if handler is None or handler.request_streaming:
             return handler
-        inner = handler.unary_unary
+        decode = handler.request_deserializer
 
-        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def request_of(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+            if decode is None:
+                return raw
             try:
-                return await inner(request, context)
-            except GeoServeError as exc:
-                await context.abort(status_of(exc), str(exc))
+                return decode(raw)
+            except DecodeError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"undecodable request message: {exc}")
 
-        return grpc.unary_unary_rpc_method_handler(
-            wrapped,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+                request = await request_of(raw, context)
+                try:
+                    return await inner(request, context)
+                except GeoServeError as exc:
+                    await context.abort(status_of(exc), str(exc))
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary, request_deserializer=None,
+                response_serializer=handler.response_serializer)
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            async def streamed(raw: bytes, context: grpc.aio.ServicerContext
+                               ) -> AsyncIterator[Any]:
+                request = await request_of(raw, context)
+                try:
+                    async for reply in inner_stream(request, context):
+                        yield reply
+                except GeoServeError as exc:
+                    await context.abort(status_of(exc), str(exc))
+
+            return grpc.unary_stream_rpc_method_handler(
+                streamed, request_deserializer=None,
+                response_serializer=handler.response_serializer)
+        return handler
 
 
 # ---------------------------------------------------------------------------- mutual TLS

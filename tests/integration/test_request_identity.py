@@ -196,3 +196,135 @@ def test_dc_controls_refuse_non_finite_or_negative_values(dc, call, field, value
     assert (err.details() or "").startswith(field)
     assert math.isfinite(state.carbon_g) and math.isfinite(state.power_w)
     assert state.gpu_frequency_mhz > 0
+
+
+@pytest.fixture(scope="module")
+def provisioner(topo_path, dc):
+    with service("services.provisioner", "--topology", topo_path,
+                 "--dcs", f"eu-a={dc}") as (_, addr):
+        yield addr
+
+
+UNARY = [("dc", "/geoserve.v1.Datacenter/Submit"), ("dc", "/geoserve.v1.Datacenter/GetState"),
+         ("dc", "/geoserve.v1.Datacenter/SetFrequency"),
+         ("dc", "/geoserve.v1.Datacenter/ApplyCarmPlan"), ("dc", "/geoserve.v1.Datacenter/Drain"),
+         ("scheduler", "/geoserve.v1.Scheduler/Info"),
+         ("provisioner", "/geoserve.v1.Provisioner/GetSnapshot"),
+         ("provisioner", "/geoserve.v1.Provisioner/GetStats"),
+         ("provisioner", "/geoserve.v1.Provisioner/Watch")]
+
+
+@pytest.mark.parametrize(("who", "method"), UNARY, ids=[m.rsplit(".", 1)[1] for _, m in UNARY])
+def test_undecodable_unary_requests_get_invalid_argument(request, who, method):
+    addr = request.getfixturevalue(who)
+
+    async def run():
+        async with grpc.aio.insecure_channel(addr) as ch:
+            if method.endswith("/Watch"):
+                call = ch.unary_stream(method, request_serializer=lambda b: b,
+                                       response_deserializer=lambda b: b)
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    async for _ in call(b"\xff\xff\xff\xff junk", timeout=10):
+                        pass
+            else:
+                call = ch.unary_unary(method, request_serializer=lambda b: b,
+                                      response_deserializer=lambda b: b)
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await call(b"\xff\xff\xff\xff junk", timeout=10)
+            return err.value
+
+    err = asyncio.run(run())
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+    assert (err.details() or "").startswith("undecodable request message")
+
+
+@pytest.mark.parametrize(("msg", "field"), [
+    (dpb.DrainRequest(grace_s=math.nan), "grace_s"),
+    (dpb.DrainRequest(grace_s=math.inf), "grace_s"),
+    (dpb.DrainRequest(grace_s=-1.0), "grace_s"),
+    (dpb.DrainRequest(grace_s=1e9), "grace_s"),
+    (dpb.SetFrequencyRequest(gpu_frequency_mhz=1e300), "gpu_frequency_mhz"),
+    (dpb.CarmSlotPlan(gpu_frequency_mhz=1e300), "gpu_frequency_mhz"),
+    (dpb.CarmSlotPlan(training_power_w=1e300), "training_power_w"),
+    (dpb.CarmSlotPlan(renewable_supply_w=1e12), "renewable_supply_w"),
+    (dpb.CarmSlotPlan(slot_start_s=math.nan), "slot_start_s"),
+    (dpb.CarmSlotPlan(slot_length_s=-5.0), "slot_length_s"),
+], ids=lambda v: v if isinstance(v, str) else type(v).__name__)
+def test_dc_controls_refuse_out_of_range_values_and_stay_usable(dc, msg, field):
+    method = {"DrainRequest": "Drain", "SetFrequencyRequest": "SetFrequency",
+              "CarmSlotPlan": "ApplyCarmPlan"}[type(msg).__name__]
+
+    async def run():
+        async with grpc.aio.insecure_channel(dc) as ch:
+            stub = dg.DatacenterStub(ch)
+            before = (await stub.GetState(dpb.GetStateRequest(), timeout=5)).state
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await getattr(stub, method)(msg, timeout=5)
+            after = (await stub.GetState(dpb.GetStateRequest(), timeout=5)).state
+            # not draining, clock unchanged: a new request still completes
+            events = await _stream(stub.SubmitStream,
+                                   [dpb.SubmitRequest(request=req(f"after-{method}-{field}",
+                                                                  osl=5))])
+            return err.value, before, after, events
+
+    err, before, after, events = asyncio.run(run())
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+    assert (err.details() or "").startswith(f"{field}: expected a finite")
+    assert after.gpu_frequency_mhz == before.gpu_frequency_mhz
+    assert math.isfinite(after.carbon_g) and math.isfinite(after.power_w)
+    assert [s for _, s, _, _ in _finals(events)] == [pb.COMPLETED]
+
+
+def test_dc_frequency_above_the_top_level_but_in_range_snaps_to_the_top(dc):
+    # A100 levels: 210 ... 1410 MHz; values up to twice the top level are accepted and
+    # snap to the nearest level, which above the range is the top one (not the lowest)
+    async def run():
+        async with grpc.aio.insecure_channel(dc) as ch:
+            stub = dg.DatacenterStub(ch)
+            low = await stub.SetFrequency(dpb.SetFrequencyRequest(gpu_frequency_mhz=100.0),
+                                          timeout=5)
+            high = await stub.SetFrequency(dpb.SetFrequencyRequest(gpu_frequency_mhz=2820.0),
+                                           timeout=5)
+            return low.gpu_frequency_mhz, high.gpu_frequency_mhz
+
+    assert asyncio.run(run()) == (210.0, 1410.0)
+
+
+@pytest.mark.parametrize(("since", "until", "field"), [
+    (math.nan, 0.0, "since_s"), (0.0, math.inf, "until_s"), (-1.0, 0.0, "since_s"),
+    (5.0, 1.0, "until_s"), (1e300, 0.0, "since_s"),
+])
+def test_provisioner_stats_refuse_bad_windows_naming_the_field(provisioner, since, until,
+                                                               field):
+    from geoserve.v1 import provisioner_pb2 as ppb
+    from geoserve.v1 import provisioner_pb2_grpc as pg
+
+    async def run():
+        async with grpc.aio.insecure_channel(provisioner) as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await pg.ProvisionerStub(ch).GetStats(
+                    ppb.GetStatsRequest(since_s=since, until_s=until), timeout=5)
+            ok = await pg.ProvisionerStub(ch).GetStats(ppb.GetStatsRequest(), timeout=5)
+            return err.value, ok
+
+    err, ok = asyncio.run(run())
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+    assert (err.details() or "").startswith(f"{field}: expected")
+    assert ok.mode == "sync" and ok.period_s == 1.0
+
+
+def test_provisioner_watch_refuses_an_oversized_subscriber_name(provisioner):
+    from geoserve.v1 import provisioner_pb2 as ppb
+    from geoserve.v1 import provisioner_pb2_grpc as pg
+
+    async def run():
+        async with grpc.aio.insecure_channel(provisioner) as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in pg.ProvisionerStub(ch).Watch(
+                        ppb.WatchRequest(subscriber="x" * 100_000), timeout=10):
+                    pass
+            return err.value
+
+    err = asyncio.run(run())
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+    assert err.details() == "subscriber: expected at most 256 bytes, got 100000"

@@ -279,3 +279,14 @@ def test_every_shipped_setup_loads_and_is_sane(setup) -> None:
     for lv in cal.frequency.levels_mhz:
         perf.set_frequency(lv)
         assert perf.decode_time(1, 1) > 0 and perf.prefill_time(1, 1, 1) > 0
+
+
+@pytest.mark.parametrize(("mhz", "level"), [
+    (499.0, 500.0), (740.0, 500.0), (760.0, 1000.0), (1750.0, 1500.0), (1751.0, 2000.0),
+    (2600.0, 2000.0), (1e300, 2000.0), (1e-300, 500.0),
+])
+def test_frequency_snaps_to_the_nearest_level_and_clamps_beyond_the_range(mhz, level) -> None:
+    # levels 500/1000/1500/2000 MHz (conftest); a tie goes to the lower level, and a value
+    # far above the range (where every distance rounds to the same float) to the top one
+    cal = parse_calibration(tiny_cal_dict(), "tiny.yaml")
+    assert cal.frequency.snap(mhz) == level
