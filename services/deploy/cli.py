@@ -46,14 +46,12 @@ def cmd_dashboards(args: argparse.Namespace) -> int:
 
 def cmd_tls_certs(args: argparse.Namespace) -> int:
     """Write a private CA and a certificate/key for every service (mutual TLS)."""
-    from services.deploy.compose import dc_service, scheduler_service
+    from services.deploy.compose import geoserve_services
     from services.deploy.tls import make_certs
 
     hosts = list(args.host or [])
     if args.topology:
-        topo = load_topology(args.topology)
-        hosts += ["provisioner", "loadgen", "carm", *(dc_service(d.name) for d in topo.dcs),
-                  *(scheduler_service(r.name) for r in topo.regions)]
+        hosts += geoserve_services(load_topology(args.topology))
     for path in make_certs(Path(args.out), hosts, args.days):
         print(f"wrote {path}")
     return 0
@@ -119,7 +117,8 @@ def register_commands(sub: Any) -> None:
         "compose", help="write docker-compose.yml (and .env) for a topology",
         description="Write a Docker Compose file running every service of a topology in its "
                     "own container (plus Prometheus, and Grafana under the 'grafana' "
-                    "profile), and the .env that pins its images and ports.")
+                    "profile), the .env that pins its images and ports, and "
+                    "docker-compose.tls.yml (mutual TLS between the services, with -f).")
     c.add_argument("--topology", default="topologies/small.yaml",
                    help="topology YAML, or a name in topologies/ (default: small)")
     c.add_argument("--out", default=str(ROOT / "docker-compose.yml"),

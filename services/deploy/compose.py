@@ -21,6 +21,11 @@ Rules / theory of operation
   ``POLICY_<REGION>``, ``POLICY_CONFIG_<REGION>``), so a scheduler is swapped without
   editing the generated file. Compose v1 (Debian's 1.29) has no nested defaults, so
   ``.env`` spells every variable out; the defaults in the file are the same values.
+* Mutual TLS: ``docker-compose.tls.yml`` (written beside the file) mounts a host folder
+  (``GEOSERVE_TLS_DIR``, default ``./tls``: ``ca.pem``, ``cert.pem``, ``key.pem`` from
+  ``geoserve tls-certs --topology T``) read-only into every GeoServe service and points
+  ``GEOSERVE_TLS_*`` at it; use it with ``-f docker-compose.yml -f docker-compose.tls.yml``.
+  Prometheus still scrapes plain HTTP metrics.
 * The output is deterministic text (hand-laid YAML with ``x-`` anchors and merge keys);
   `compose_model` is the same content as plain data, for tests and tools.
 """
@@ -52,6 +57,8 @@ EPOCH_DIR = "/run/geoserve"
 RESULTS_IN_CONTAINER = "/results"
 # where an external topology file is mounted (one under topologies/ is in the image)
 TOPOLOGY_MOUNT = "/etc/geoserve/topology.yaml"
+TLS_MOUNT = "/run/geoserve-tls"
+TLS_OVERRIDE = "docker-compose.tls.yml"
 COMPOSE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 
@@ -431,10 +438,47 @@ def render_env(topo: Topology) -> str:
     return "\n".join(lines) + "\n"
 
 
+def geoserve_services(topo: Topology) -> list[str]:
+    """The compose services that run GeoServe (every one speaks gRPC, with TLS when set)."""
+    model = compose_model(topo)
+    return [name for name, svc in model["services"].items()
+            if "GEOSERVE_TOPOLOGY" in (svc.get("environment") or {})]
+
+
+def render_tls_override(topo: Topology) -> str:
+    """``docker-compose.tls.yml``: mutual TLS between every GeoServe service of `topo`."""
+    tls = Anchored("geoserve-tls", {
+        "environment": {
+            "GEOSERVE_TLS_CERT": f"{TLS_MOUNT}/cert.pem",
+            "GEOSERVE_TLS_KEY": f"{TLS_MOUNT}/key.pem",
+            "GEOSERVE_TLS_CA": f"{TLS_MOUNT}/ca.pem",
+        },
+        "volumes": [f"${{GEOSERVE_TLS_DIR:-./tls}}:{TLS_MOUNT}:ro"],
+    })
+    head = [
+        f"# Mutual TLS for docker-compose.yml (topology {topo.name!r}); generated with it by",
+        "# `geoserve compose`; do not edit. Every GeoServe service gets the host folder",
+        "# $GEOSERVE_TLS_DIR (default ./tls) read-only and uses its ca.pem, cert.pem and",
+        "# key.pem; the services run as uid 10001, which must be able to read key.pem:",
+        f"#   geoserve tls-certs --topology {topo.name} --out tls && sudo chown 10001 "
+        "tls/key.pem",
+        f"#   docker compose -f docker-compose.yml -f {TLS_OVERRIDE} up -d",
+        "",
+    ]
+    body: list[str] = []
+    _emit({"x-geoserve-tls": tls}, 0, body)
+    body.append("")
+    body.append("services:")
+    body.extend(f"  {name}: *geoserve-tls" for name in geoserve_services(topo))
+    return "\n".join(head + body) + "\n"
+
+
 def write_compose(topo: Topology, out: Path, env_out: Path | None) -> list[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_compose(topo, out.parent))
-    written = [out]
+    tls = out.parent / TLS_OVERRIDE
+    tls.write_text(render_tls_override(topo))
+    written = [out, tls]
     if env_out is not None:
         env_out.write_text(render_env(topo))
         written.append(env_out)

@@ -17,6 +17,14 @@ a 20 s load, Prometheus, no Grafana) under a project of its own, and checks that
   policy) and the new container is healthy;
 * ``down`` leaves no container, network or volume of the project behind.
 
+The Compose v2 run is over mutual TLS (``docker-compose.tls.yml`` on top, certificates
+from ``geoserve tls-certs``): its load completes as above, every health check passes over
+TLS, and a client inside a DC's container without a certificate is refused.
+
+`test_compose_faults_lose_no_request` runs the fault suite (``bench/bench_chaos.py
+--compose``) against the deployment: DC, scheduler and provisioner containers killed or
+frozen during a load, every request still in exactly one recorded state.
+
 Set ``GEOSERVE_COMPOSE_ONLINE=1`` to build from the pinned registry images instead.
 """
 
@@ -38,7 +46,13 @@ import pytest
 import yaml
 
 from services.config.topology import load_topology
-from services.deploy.compose import env_key
+from services.deploy.compose import TLS_OVERRIDE, UID, env_key
+from services.deploy.compose import geoserve_services as compose_services
+from services.deploy.tls import make_certs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from bench_chaos import compose_chaos_run  # noqa: E402
 
 pytestmark = [pytest.mark.docker]
 
@@ -135,8 +149,18 @@ def test_compose_up_load_scrape_swap_down(docker_engine, tmp_path, cli):
     })
     if not online:
         env["PROMETHEUS_IMAGE"] = LOCAL_PROMETHEUS
-    compose = [*compose_cmd, "-p", project, "-f", str(ROOT / "docker-compose.yml")]
     topo = load_topology(TOPOLOGY)
+    tls = cli == "compose-v2"  # one CLI's run is over mutual TLS, the other's plaintext
+    files = [ROOT / "docker-compose.yml", *([ROOT / TLS_OVERRIDE] if tls else [])]
+    if tls:
+        certs = tmp_path / "tls"
+        make_certs(certs, compose_services(topo))
+        if os.geteuid() == 0:  # the services run as uid 10001 and read the key
+            os.chown(certs / "key.pem", UID, UID)
+        else:
+            (certs / "key.pem").chmod(0o644)
+        env["GEOSERVE_TLS_DIR"] = str(certs)
+    compose = [*compose_cmd, "-p", project, *(a for f in files for a in ("-f", str(f)))]
     geoserve_services = ([f"dc-{d.name}" for d in topo.dcs]
                          + [f"scheduler-{r.name}" for r in topo.regions]
                          + ["provisioner", "loadgen"])
@@ -165,6 +189,20 @@ def test_compose_up_load_scrape_swap_down(docker_engine, tmp_path, cli):
         assert summary["energy_j"]["total"] > 0
         assert set(summary["carbon_g"]["per_dc"]) == {d.name for d in topo.dcs}
 
+        if tls:
+            dc_id = _container(project, f"dc-{topo.dcs[0].name}")["Id"]
+            env_vars = _container(project, f"dc-{topo.dcs[0].name}")["Config"]["Env"]
+            assert "GEOSERVE_TLS_CA=/run/geoserve-tls/ca.pem" in env_vars
+            probe = ["python", "-m", "services.runtime.healthprobe", "--timeout", "3"]
+            with_cert = _sh(["docker", "exec", dc_id, *probe], 60, check=False)
+            assert with_cert.returncode == 0, with_cert.stderr
+            no_cert = _sh(["docker", "exec", "-e", "GEOSERVE_TLS_CERT=", "-e",
+                           "GEOSERVE_TLS_KEY=", "-e", "GEOSERVE_TLS_CA=", dc_id, *probe], 60,
+                          check=False)
+            assert no_cert.returncode == 1, (no_cert.stdout, no_cert.stderr)
+            print(f"mTLS: probe with the certificate exit 0; without: exit 1 "
+                  f"({no_cert.stderr.strip()[:160]})")
+
         # Prometheus scraped every container while it ran
         ever = {r["metric"]["job"]: float(r["value"][1])
                 for r in _prom(prom_port, "max_over_time(up[10m])")}
@@ -191,6 +229,9 @@ def test_compose_up_load_scrape_swap_down(docker_engine, tmp_path, cli):
         swap = _sh([sys.executable, "-m", "services.cli", "swap-scheduler", "--region", region,
                     "--image", image, "--policy", "greedy", "--project", project,
                     "--file", str(ROOT / "docker-compose.yml"), "--timeout", "90"], 150, env)
+        if tls:  # the new container keeps the certificates
+            assert any(m["Destination"] == "/run/geoserve-tls"
+                       for m in _container(project, f"scheduler-{region}")["Mounts"])
         after = _container(project, f"scheduler-{region}")
         assert after["Id"] != before["Id"] and after["Name"] == before["Name"]
         assert after["State"]["Health"]["Status"] == "healthy", swap.stdout
@@ -215,6 +256,29 @@ def test_compose_up_load_scrape_swap_down(docker_engine, tmp_path, cli):
     assert not left, f"containers left behind: {left}"
     assert not nets, f"networks left behind: {nets}"
     assert not vols, f"volumes left behind: {vols}"
+
+
+@pytest.mark.parametrize("seed", [5])
+def test_compose_faults_lose_no_request(docker_engine, tmp_path, seed):
+    """The fault suite on compose: random DC, scheduler and provisioner containers killed or
+    frozen during a 20 s load; every request ends in one recorded state, with a reason
+    when it did not complete. Uses the image the test above built (Compose v2)."""
+    compose_cmd = _compose_cmd("compose-v2")
+    if not _sh(["docker", "images", "-q", "geoserve/geoserve:0.1.0"], 30).stdout.strip():
+        _sh(["bash", "deploy/build-image.sh", "--offline", "--prometheus"], timeout=540)
+    env = {**os.environ, "PROMETHEUS_PORT": str(_free_port()),
+           "PROMETHEUS_IMAGE": LOCAL_PROMETHEUS}
+    t0 = time.monotonic()
+    r = compose_chaos_run(compose_cmd, duration=20.0, rate=10.0, faults=3, seed=seed,
+                          out=tmp_path / "results", env=env)
+    for f in r["faults"]:
+        print(f"  t={f['t_s']:6.2f} s  {f['action']:4s}  {f['victim']}")
+    print(f"compose chaos: {r['requests']} reasons {dict(r['reasons'])} "
+          f"in {time.monotonic() - t0:.0f} s")
+    assert len(r["faults"]) == 3
+    assert not r["problems"], r
+    rq = r["requests"]
+    assert rq["emitted"] == 200 and rq["completed"] > 0
 
 
 def _dotenv(path: Path) -> dict[str, str]:
@@ -285,3 +349,19 @@ def test_compose_config_takes_scheduler_swaps_from_env_and_override(docker_engin
     assert s["environment"] == plain[f"scheduler-{region}"]["environment"]
     assert set(s["depends_on"]) == set(plain[f"scheduler-{region}"]["depends_on"])
     assert over[f"scheduler-{other}"] == plain[f"scheduler-{other}"]
+
+    # the mutual-TLS override adds the certificates to every GeoServe service and keeps
+    # each one's own mounts (the CLIs merge volumes by their path in the container)
+    with_tls = resolved([*base, "-f", str(ROOT / TLS_OVERRIDE)],
+                        {"GEOSERVE_TLS_DIR": str(tmp_path)})
+
+    def targets(svc: dict) -> set[str]:
+        return {v["target"] if isinstance(v, dict) else v.split(":")[1]
+                for v in svc.get("volumes") or []}
+
+    for name in compose_services(topo):
+        s = with_tls[name]
+        assert s["environment"]["GEOSERVE_TLS_KEY"] == "/run/geoserve-tls/key.pem", name
+        assert targets(s) == targets(plain[name]) | {"/run/geoserve-tls"}, name
+    assert {"/results", "/run/geoserve"} <= targets(with_tls["loadgen"])
+    assert with_tls["prometheus"] == plain["prometheus"]

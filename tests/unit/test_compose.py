@@ -63,6 +63,31 @@ def test_cli_writes_the_same_files(tmp_path):
     assert main(["compose", "--topology", "small", "--out", str(out)]) == 0
     assert out.read_text() == (ROOT / "docker-compose.yml").read_text()
     assert (tmp_path / ".env").read_text() == (ROOT / ".env").read_text()
+    assert (tmp_path / compose.TLS_OVERRIDE).read_text() == (
+        ROOT / compose.TLS_OVERRIDE).read_text()
+
+
+def test_committed_tls_override_is_current(small):
+    assert (ROOT / compose.TLS_OVERRIDE).read_text() == compose.render_tls_override(small), (
+        "docker-compose.tls.yml is stale: run `geoserve compose --topology "
+        "topologies/small.yaml`")
+
+
+def test_tls_override_covers_every_geoserve_service_and_nothing_else(small, model):
+    over = yaml.safe_load(compose.render_tls_override(small))
+    expected = {n for n in model["services"] if n.startswith(GEOSERVE_KINDS)}
+    assert set(over["services"]) == expected
+    assert expected == {"dc-eu-nl", "dc-eu-lt", "dc-us-pjm", "dc-us-nyiso", "provisioner",
+                        "scheduler-eu-north", "scheduler-us-east", "loadgen"}
+    for name, svc in over["services"].items():
+        env = svc["environment"]
+        assert {env[f"GEOSERVE_TLS_{k}"] for k in ("CERT", "KEY", "CA")} == {
+            "/run/geoserve-tls/cert.pem", "/run/geoserve-tls/key.pem",
+            "/run/geoserve-tls/ca.pem"}, name
+        assert svc["volumes"] == ["${GEOSERVE_TLS_DIR:-./tls}:/run/geoserve-tls:ro"], name
+        # the base file reads the same variables, so the override's values reach the process
+        assert model["services"][name]["environment"]["GEOSERVE_TLS_CERT"] == (
+            "${GEOSERVE_TLS_CERT:-}")
 
 
 # ---------------------------------------------------------------- services
@@ -226,6 +251,8 @@ def test_carm_section_adds_the_carm_service_before_the_provisioner(tmp_path, sma
     assert svcs["carm"]["environment"]["DC_ADDRS"] == (
         svcs["provisioner"]["environment"]["DC_ADDRS"])
     assert svcs["carm"]["healthcheck"]["test"][-1] == "services.runtime.healthprobe"
+    tls = yaml.safe_load(compose.render_tls_override(load_topology(path)))
+    assert "carm" in tls["services"] and "prometheus" not in tls["services"]
 
 
 def test_env_key():
