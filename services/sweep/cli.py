@@ -29,7 +29,16 @@ def register(sub: Any) -> None:
     p.add_argument("--seeds", default="1",
                    help="load seeds, comma-separated; with several, the report gives means "
                         "and standard deviations (default 1)")
-    p.add_argument("--jobs", type=int, default=2, help="worker processes")
+    p.add_argument("--jobs", type=int, default=2, help="worker processes (local executor)")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="where points run: local worker processes, or one Ray task per "
+                        "point (default local)")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster address HOST:PORT (--executor ray; default: start a "
+                        "local Ray cluster)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="do not charge solver time to emulated time: every point's summary "
+                        "then depends on the point alone (equal on every executor)")
     p.add_argument("--out", default="results/sweep", help="folder of per-point summaries")
     p.add_argument("--doc", default="docs/results.md",
                    help="report to write; a hand-written NAME-notes.md beside it is appended")
@@ -98,9 +107,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise InvalidInput("--seeds", f"expected integers, got {args.seeds!r}") from exc
     if not seeds or len(set(seeds)) != len(seeds):
         raise InvalidInput("--seeds", f"expected distinct integers, got {args.seeds!r}")
+    if args.jobs < 1:
+        raise InvalidInput("--jobs", f"expected at least 1, got {args.jobs}")
+    if args.address and args.executor != "ray":
+        raise InvalidInput("--address", "only with --executor ray")
+    charge = not args.deterministic
     points = [
         Point(args.topology, lb, known[lb][0], known[lb][1], rate, args.duration, args.warmup,
-              seed)
+              seed, charge_solver_time=charge)
         for seed in seeds
         for rate in rates
         for lb in labels
@@ -108,7 +122,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not args.no_ablation:
         points += [
             Point(args.topology, lb, known[lb][0], known[lb][1], rate, args.duration,
-                  args.warmup, seed, project_peers=False)
+                  args.warmup, seed, project_peers=False, charge_solver_time=charge)
             for seed in seeds
             for rate in rates
             for lb in labels
@@ -120,7 +134,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         summaries = [json.loads((out / f"{p.key}.json").read_text()) for p in points
                      if (out / f"{p.key}.json").exists()]
     else:
-        summaries = run_sweep(points, out, jobs=args.jobs, force=args.force)
+        summaries = run_sweep(points, out, jobs=args.jobs, force=args.force,
+                              executor=args.executor, address=args.address)
     wall = _wall_check(args.wall_check, out, known, seeds[0], args.force)
     doc = Path(args.doc)
     # the command that re-creates this report: the settings that shape it, defaults left out
@@ -137,7 +152,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.wall_check != "small:greedy-a0.5:12:60":
         parts.append(("wall-check", args.wall_check or "''"))
     command = "geoserve sweep " + " ".join(f"--{k} {v}" for k, v in parts) + (
-        " --no-ablation" if args.no_ablation else "")
+        " --no-ablation" if args.no_ablation else "") + (
+        " --deterministic" if args.deterministic else "")
     main = [s for s in summaries if s["point"].get("project_peers", True)]
     ablation = [s for s in summaries if not s["point"].get("project_peers", True)]
     render(main, doc, doc.parent / "img", command, wall, ablation)

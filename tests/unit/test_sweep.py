@@ -5,6 +5,7 @@ has a table per load plus the ablation table, reading both variants' own summari
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -97,3 +98,47 @@ def test_sweep_rejects_bad_seeds(tmp_path: Path) -> None:
         assert proc.returncode == 2, proc.stderr
         assert "--seeds" in proc.stderr and bad in proc.stderr
         assert not (tmp_path / "p").exists()
+
+
+def test_sweep_rejects_an_address_without_ray_and_bad_jobs(tmp_path: Path) -> None:
+    for args, flag in ((["--address", "127.0.0.1:6379"], "--address"), (["--jobs", "0"],
+                                                                       "--jobs")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "services.cli", "sweep", *args, "--out",
+             str(tmp_path / "p"), "--doc", str(tmp_path / "d.md"), "--wall-check", ""],
+            cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert f"geoserve: error: {flag}:" in proc.stderr
+        assert not (tmp_path / "p").exists()
+
+
+def test_deterministic_points_have_their_own_key_and_equal_summaries_twice() -> None:
+    from services.sweep.run import Point, deterministic_view, run_point
+
+    charged = Point("topologies/small.yaml", "greedy-a0.5", "greedy", {"alpha": 0.5}, 20.0,
+                    8.0, 2.0)
+    det = Point("topologies/small.yaml", "greedy-a0.5", "greedy", {"alpha": 0.5}, 20.0, 8.0,
+                2.0, charge_solver_time=False)
+    assert det.key == charged.key + "_det"
+    a, b = run_point(det), run_point(det)
+    assert a["emulation"]["wall_s"] > 0 and b["emulation"]["wall_s"] > 0
+    assert deterministic_view(a) == deterministic_view(b)
+    assert "wall_s" not in deterministic_view(a)["emulation"]
+    assert a["config"]["charge_solver_time"] is False
+
+
+def test_local_executor_progress_counts_done_running_left(tmp_path: Path, capsys) -> None:
+    from services.sweep.run import Point, run_sweep
+
+    points = [Point("topologies/small.yaml", "round-robin", "round-robin", {}, r, 5.0, 1.0,
+                    charge_solver_time=False) for r in (8.0, 16.0, 24.0)]
+    run_sweep(points, tmp_path / "out", jobs=2)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  [done")]
+    counts = [tuple(int(x) for x in re.findall(
+        r"done (\d+)/3 \| running (\d+) \| left (\d+)", ln)[0]) for ln in lines]
+    # (done, running, left): two workers, three points
+    assert counts == [(1, 2, 0), (2, 1, 0), (3, 0, 0)]
+    assert len(list((tmp_path / "out").glob("*.json"))) == 3
+    again = run_sweep(points, tmp_path / "out")  # every point reused, none re-run
+    assert "0 to run" in capsys.readouterr().out
+    assert [s["point"]["rate_rps"] for s in again] == [8.0, 16.0, 24.0]
