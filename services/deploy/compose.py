@@ -87,7 +87,9 @@ def policy_config_var(region: str) -> str:
     return f"POLICY_CONFIG_{env_key(region)}"
 
 
-def _check_names(topo: Topology) -> None:
+def check_names(topo: Topology) -> None:
+    """Refuse region and DC names that are no compose service / DNS name, and regions
+    whose .env suffixes (`env_key`) clash."""
     keys: dict[str, str] = {}
     for kind, names in (("region", [r.name for r in topo.regions]),
                         ("dc", [d.name for d in topo.dcs])):
@@ -123,6 +125,113 @@ def topology_ref(topo: Topology, out_dir: Path) -> tuple[str, str | None]:
     return f"topologies/{rel.as_posix()}", None
 
 
+# --------------------------------------------------------------------------- components
+
+
+@dataclass(frozen=True)
+class Knob:
+    """An environment value set per deployment, not per topology: compose takes it from
+    ``.env`` or the shell (``${var:-default}``); other deployments choose their own way
+    (``services/deploy/k8s.py``). `var` is the .env variable."""
+
+    var: str
+    default: str = ""
+
+    def compose(self) -> str:
+        return f"${{{self.var}:-{self.default}}}"
+
+
+EnvValue = str | Knob
+
+
+@dataclass(frozen=True)
+class Component:
+    """One GeoServe process of a deployment of a topology (a compose service, a Kubernetes
+    Deployment or Job): its service name, which is also its DNS name; the entry point's
+    arguments (`command`, starting with the service kind); its environment beyond
+    `common_env`; the services that must be healthy before it starts (`after`); and
+    whether it serves gRPC (and the gRPC health service) on `GRPC_PORT`."""
+
+    name: str
+    kind: str
+    command: tuple[str, ...]
+    env: Mapping[str, EnvValue]
+    after: tuple[str, ...] = ()
+    region: str | None = None
+    serves_grpc: bool = True
+
+
+def common_env(ref: str) -> dict[str, EnvValue]:
+    """The environment of every GeoServe process; `ref` is the topology path they load."""
+    return {
+        "PORT": str(GRPC_PORT),
+        "METRICS_PORT": str(METRICS_PORT),
+        # services listen on loopback unless told otherwise; in a container, on every
+        # interface of the compose network
+        "GEOSERVE_ADDRESS": f"0.0.0.0:{GRPC_PORT}",
+        "METRICS_ADDR": "0.0.0.0",
+        # mutual TLS when set: paths inside the containers (mount the files with an
+        # override file; `geoserve tls-certs --topology T` makes them for these host names)
+        "GEOSERVE_TLS_CERT": Knob("GEOSERVE_TLS_CERT"),
+        "GEOSERVE_TLS_KEY": Knob("GEOSERVE_TLS_KEY"),
+        "GEOSERVE_TLS_CA": Knob("GEOSERVE_TLS_CA"),
+        "GEOSERVE_TOPOLOGY": ref,
+        "GEOSERVE_EPOCH": Knob("GEOSERVE_EPOCH"),
+        "GEOSERVE_EPOCH_FILE": f"{EPOCH_DIR}/epoch",
+        "GEOSERVE_DILATION": Knob("GEOSERVE_DILATION"),
+        "GRPC_VERBOSITY": "ERROR",
+    }
+
+
+def components(topo: Topology, ref: str) -> list[Component]:
+    """The GeoServe processes of `topo` in start order (DCs, CA-RM, provisioner,
+    schedulers, load generator), each with the addresses of the services it talks to."""
+    check_names(topo)
+    topo_args = ("--topology", ref)
+    dc_names = tuple(dc_service(d.name) for d in topo.dcs)
+    all_dcs = _addr_map([(d.name, dc_service(d.name)) for d in topo.dcs])
+    out = [Component(dc_service(d.name), "datacenter", ("datacenter", *topo_args, "--dc", d.name),
+                     {}, region=d.region) for d in topo.dcs]
+    before_provisioner = dc_names
+    if getattr(topo, "carm", None) is not None:
+        # the CA-RM controller starts after the DCs and before the provisioner (local runner)
+        out.append(Component("carm", "carm", ("carm", *topo_args), {"DC_ADDRS": all_dcs},
+                             after=dc_names))
+        before_provisioner = (*dc_names, "carm")
+    out.append(Component("provisioner", "provisioner", ("provisioner", *topo_args),
+                         {"DC_ADDRS": all_dcs}, after=before_provisioner))
+    for r in topo.regions:
+        peers = [(o.name, scheduler_service(o.name)) for o in topo.regions if o.name != r.name]
+        out.append(Component(
+            scheduler_service(r.name), "scheduler", ("scheduler", *topo_args),
+            {
+                "GEOSERVE_REGION": r.name,
+                "GEOSERVE_POLICY": Knob(policy_var(r.name)),
+                "GEOSERVE_POLICY_CONFIG": Knob(policy_config_var(r.name)),
+                "DC_ADDRS": _addr_map([(d.name, dc_service(d.name)) for d in r.dcs]),
+                "PEER_ADDRS": _addr_map(peers),
+                "PROVISIONER_ADDR": f"provisioner:{GRPC_PORT}",
+            },
+            after=("provisioner", *(dc_service(d.name) for d in r.dcs)), region=r.name))
+    sched_names = tuple(scheduler_service(r.name) for r in topo.regions)
+    out.append(Component(
+        "loadgen", "loadgen", ("loadgen", *topo_args),
+        {
+            "SCHEDULER_ADDRS": _addr_map([(r.name, scheduler_service(r.name))
+                                          for r in topo.regions]),
+            "DC_ADDRS": all_dcs,
+            "PROVISIONER_ADDR": f"provisioner:{GRPC_PORT}",
+            "GEOSERVE_OUT": RESULTS_IN_CONTAINER,
+            "GEOSERVE_EXTRA_ARGS": Knob("LOADGEN_ARGS"),
+        },
+        after=(*dc_names, *sched_names), serves_grpc=False))
+    return out
+
+
+def _compose_env(env: Mapping[str, EnvValue]) -> dict[str, str]:
+    return {k: v.compose() if isinstance(v, Knob) else v for k, v in env.items()}
+
+
 # --------------------------------------------------------------------------- model
 
 
@@ -151,30 +260,13 @@ def _healthy(names: Sequence[str]) -> dict[str, Any]:
 
 def _layout(topo: Topology, out_dir: Path) -> dict[str, Any]:
     """The compose file as data with anchors and aliases (rendered by `_emit`)."""
-    _check_names(topo)
     ref, mount = topology_ref(topo, out_dir)
+    comps = components(topo, ref)
     image = f"${{GEOSERVE_IMAGE:-{IMAGE}}}"
     base_volumes = [f"epoch:{EPOCH_DIR}"]
     if mount:
         base_volumes.append(f"{mount}:{TOPOLOGY_MOUNT}:ro")
-    env = Anchored("geoserve-env", {
-        "PORT": str(GRPC_PORT),
-        "METRICS_PORT": str(METRICS_PORT),
-        # services listen on loopback unless told otherwise; in a container, on every
-        # interface of the compose network
-        "GEOSERVE_ADDRESS": f"0.0.0.0:{GRPC_PORT}",
-        "METRICS_ADDR": "0.0.0.0",
-        # mutual TLS when set: paths inside the containers (mount the files with an
-        # override file; `geoserve tls-certs --topology T` makes them for these host names)
-        "GEOSERVE_TLS_CERT": "${GEOSERVE_TLS_CERT:-}",
-        "GEOSERVE_TLS_KEY": "${GEOSERVE_TLS_KEY:-}",
-        "GEOSERVE_TLS_CA": "${GEOSERVE_TLS_CA:-}",
-        "GEOSERVE_TOPOLOGY": ref,
-        "GEOSERVE_EPOCH": "${GEOSERVE_EPOCH:-}",
-        "GEOSERVE_EPOCH_FILE": f"{EPOCH_DIR}/epoch",
-        "GEOSERVE_DILATION": "${GEOSERVE_DILATION:-}",
-        "GRPC_VERBOSITY": "ERROR",
-    })
+    env = Anchored("geoserve-env", _compose_env(common_env(ref)))
     health = Anchored("grpc-health", {
         "test": ["CMD", "python", "-m", "services.runtime.healthprobe"],
         "interval": "5s",
@@ -195,61 +287,26 @@ def _layout(topo: Topology, out_dir: Path) -> dict[str, Any]:
         "logging": Alias("logging"),
     })
 
-    def svc(command: list[str], **extra: Any) -> dict[str, Any]:
-        body: dict[str, Any] = {"<<": Alias("geoserve"), "command": command}
-        if "environment" in extra:
-            extra["environment"] = {"<<": Alias("geoserve-env"), **extra["environment"]}
-        body.update(extra)
+    def svc(c: Component) -> dict[str, Any]:
+        body: dict[str, Any] = {"<<": Alias("geoserve"), "command": list(c.command)}
+        environment = {"<<": Alias("geoserve-env"), **_compose_env(c.env)} if c.env else None
+        if c.kind == "scheduler":
+            assert c.region is not None
+            body["image"] = f"${{{scheduler_image_var(c.region)}:-{IMAGE}}}"
+        if c.kind == "loadgen":
+            body["user"] = f"${{GEOSERVE_UID:-{UID}}}:${{GEOSERVE_GID:-{UID}}}"
+        if environment is not None:
+            body["environment"] = environment
+        if c.kind == "loadgen":
+            body["volumes"] = [*base_volumes,
+                               f"${{RESULTS_DIR:-./results}}:{RESULTS_IN_CONTAINER}"]
+        if not c.serves_grpc:
+            body["healthcheck"] = {"disable": True}
+        if c.after:
+            body["depends_on"] = _healthy(c.after)
         return body
 
-    services: dict[str, Any] = {}
-    topo_args = ["--topology", ref]
-    dc_names = [dc_service(d.name) for d in topo.dcs]
-    for d in topo.dcs:
-        services[dc_service(d.name)] = svc(["datacenter", *topo_args, "--dc", d.name])
-    all_dcs = _addr_map([(d.name, dc_service(d.name)) for d in topo.dcs])
-    before_provisioner = list(dc_names)
-    if getattr(topo, "carm", None) is not None:
-        # the CA-RM controller starts after the DCs and before the provisioner (local runner)
-        services["carm"] = svc(["carm", *topo_args], environment={"DC_ADDRS": all_dcs},
-                               depends_on=_healthy(dc_names))
-        before_provisioner.append("carm")
-    services["provisioner"] = svc(
-        ["provisioner", *topo_args],
-        environment={"DC_ADDRS": all_dcs},
-        depends_on=_healthy(before_provisioner),
-    )
-    for r in topo.regions:
-        peers = [(o.name, scheduler_service(o.name)) for o in topo.regions if o.name != r.name]
-        services[scheduler_service(r.name)] = svc(
-            ["scheduler", *topo_args],
-            image=f"${{{scheduler_image_var(r.name)}:-{IMAGE}}}",
-            environment={
-                "GEOSERVE_REGION": r.name,
-                "GEOSERVE_POLICY": f"${{{policy_var(r.name)}:-}}",
-                "GEOSERVE_POLICY_CONFIG": f"${{{policy_config_var(r.name)}:-}}",
-                "DC_ADDRS": _addr_map([(d.name, dc_service(d.name)) for d in r.dcs]),
-                "PEER_ADDRS": _addr_map(peers),
-                "PROVISIONER_ADDR": f"provisioner:{GRPC_PORT}",
-            },
-            depends_on=_healthy(["provisioner", *(dc_service(d.name) for d in r.dcs)]),
-        )
-    sched_names = [scheduler_service(r.name) for r in topo.regions]
-    services["loadgen"] = svc(
-        ["loadgen", *topo_args],
-        user=f"${{GEOSERVE_UID:-{UID}}}:${{GEOSERVE_GID:-{UID}}}",
-        environment={
-            "SCHEDULER_ADDRS": _addr_map([(r.name, scheduler_service(r.name))
-                                          for r in topo.regions]),
-            "DC_ADDRS": _addr_map([(d.name, dc_service(d.name)) for d in topo.dcs]),
-            "PROVISIONER_ADDR": f"provisioner:{GRPC_PORT}",
-            "GEOSERVE_OUT": RESULTS_IN_CONTAINER,
-            "GEOSERVE_EXTRA_ARGS": "${LOADGEN_ARGS:-}",
-        },
-        volumes=[*base_volumes, f"${{RESULTS_DIR:-./results}}:{RESULTS_IN_CONTAINER}"],
-        healthcheck={"disable": True},
-        depends_on=_healthy([*dc_names, *sched_names]),
-    )
+    services: dict[str, Any] = {c.name: svc(c) for c in comps}
     services["prometheus"] = {
         "image": f"${{PROMETHEUS_IMAGE:-{PROMETHEUS_IMAGE}}}",
         "command": [
