@@ -152,3 +152,40 @@ def register_commands(sub: Any) -> None:
     s.add_argument("--timeout", type=float, default=120.0,
                    help="seconds to wait for the new scheduler to be healthy")
     s.set_defaults(func=cmd_swap_scheduler)
+
+    register_k8s(sub)
+
+
+# ---- Kubernetes deployment: `geoserve k8s` ----
+
+
+def cmd_k8s(args: Any) -> int:
+    import sys
+
+    from services.deploy.k8s import stale_files, write_k8s
+
+    topo = load_topology(args.topology)
+    out = Path(args.out) if args.out else ROOT / "deploy" / "k8s" / topo.name
+    for path in write_k8s(topo, out):
+        print(f"wrote {path}")
+    for path in stale_files(topo, out):
+        print(f"note: {path} is not part of the manifests of topology {topo.name!r} "
+              "(left from an earlier one?); remove it", file=sys.stderr)
+    return 0
+
+
+def register_k8s(sub: Any) -> None:
+    """Add ``k8s`` to the ``geoserve`` subcommands."""
+    k = sub.add_parser(
+        "k8s", help="write Kubernetes manifests (kustomize base and overlays) for a topology",
+        description="Write a kustomize base running every service of a topology on "
+                    "Kubernetes (a Deployment and Service per DC, CA-RM, provisioner and "
+                    "scheduler, the load generator as a Job, in namespace geoserve) and "
+                    "overlays: mtls, prometheus-operator, grafana, swap-scheduler-example. "
+                    "See deploy/k8s/README.md.")
+    k.add_argument("--topology", default="topologies/small.yaml",
+                   help="topology YAML, or a name in topologies/ (default: small)")
+    k.add_argument("--out", default=None,
+                   help="output folder (default: deploy/k8s/<topology name>); gets base/, "
+                        "overlays/<name>/ and results-reader.yaml")
+    k.set_defaults(func=cmd_k8s)
