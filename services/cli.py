@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "services.sweep.cli",
     "services.carm.cli",
     "services.deploy.cli",
+    "services.deploy.stack",
 )
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import signal
 import sys
 from pathlib import Path
 
-from services.model.errors import GeoServeError, InvalidInput
+from services.model.errors import GeoServeError, InvalidInput, Unavailable
 from services.runtime.grpcutil import add_tls_args, apply_tls_args
 from services.runtime.metrics import add_metrics_args
 
@@ -33,9 +34,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-limit", type=float, default=120.0,
                    help="emulated s to wait for records after the load ends")
     p.add_argument("--progress-every", type=float, default=5.0, help="wall s between lines")
+    p.add_argument("--wait-ready", type=float,
+                   default=float(os.environ.get("GEOSERVE_WAIT_READY_S") or 0.0),
+                   help="wall s to wait for every scheduler, DC and the provisioner to report "
+                        "SERVING (gRPC health) before the load starts; 0: do not wait "
+                        "(default $GEOSERVE_WAIT_READY_S or 0; for deployments without a "
+                        "start order, e.g. a Swarm stack)")
     add_metrics_args(p)
     add_tls_args(p)
     return p
+
+
+async def wait_all_ready(addrs: dict[str, str], timeout_s: float) -> None:
+    """Until every server in `addrs` (name -> HOST:PORT) reports SERVING, at most
+    `timeout_s`; raises `Unavailable` naming those that did not."""
+    from services.runtime.grpcutil import wait_healthy
+
+    async def one(name: str, addr: str) -> str | None:
+        try:
+            await wait_healthy(addr, timeout_s)
+            return None
+        except TimeoutError:
+            return f"{name} ({addr})"
+
+    missing = [m for m in await asyncio.gather(*(one(n, a) for n, a in addrs.items())) if m]
+    if missing:
+        raise Unavailable(f"not ready after {timeout_s:g} s: {', '.join(missing)}")
+    print(f"loadgen: {len(addrs)} servers ready", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,10 +90,18 @@ def main(argv: list[str] | None = None) -> int:
             gen.metrics.attach(clock.now, clock.dilation)
             serve_metrics(gen.metrics.registry, args.metrics_port, args.metrics_address,
                           "loadgen")
+        if not (math.isfinite(args.wait_ready) and 0 <= args.wait_ready <= 3600):
+            raise InvalidInput("--wait-ready", f"expected 0..3600 s, got {args.wait_ready}")
+        peers = {**{f"scheduler {k}": v for k, v in scheds.items()},
+                 **{f"datacenter {k}": v for k, v in dcs.items()},
+                 **({"provisioner": args.provisioner} if args.provisioner else {})}
+
         async def run() -> dict[str, object]:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):  # stop early, keep every record
                 loop.add_signal_handler(sig, gen.interrupt, f"{signal.Signals(sig).name}")
+            if args.wait_ready > 0:
+                await wait_all_ready(peers, args.wait_ready)
             return await gen.run()
 
         summary = asyncio.run(run())

@@ -99,17 +99,6 @@ def _compose_cmd(cli: str) -> list[str]:
     return cmd
 
 
-@pytest.fixture(scope="module")
-def docker_engine() -> None:
-    setup = subprocess.run(["bash", "deploy/setup-docker.sh"], cwd=ROOT, capture_output=True,
-                           text=True, timeout=600)
-    if setup.returncode != 0:
-        if shutil.which("docker") is None and shutil.which("apt-get") is None:
-            pytest.skip(f"Docker cannot be installed here: {setup.stderr.strip()}")
-        pytest.fail(f"deploy/setup-docker.sh failed:\n{setup.stderr}")
-    print(setup.stderr.strip())
-
-
 def _container(project: str, service: str) -> dict:
     ids = _sh(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}",
                "--filter", f"label=com.docker.compose.service={service}"], 30).stdout.split()
