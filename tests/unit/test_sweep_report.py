@@ -147,3 +147,22 @@ def test_every_report_on_cnn_dailymail_says_it_is_synthetic(name: str) -> None:
     text = (DOCS / name).read_text(encoding="utf-8")
     if "cnn-dailymail" in text:
         assert "SYNTHETIC stand-in for MLPerf CNN-DailyMail" in text
+
+
+def test_joint_verdict_names_the_budget_the_combination_misses() -> None:
+    # the combination misses TPOT more often than either part, TTFT less: the report must
+    # put the cost in TPOT (docs/carm-joint.md once said TTFT against its own table)
+    from services.carm.joint import where_slo_cost
+
+    def row(ttft_v: float, tpot_v: float, ttft_p90: float, tpot_p90: float) -> dict[str, Any]:
+        return {"ttft_violation_ratio": ttft_v, "tpot_violation_ratio": tpot_v,
+                "ttft_p90_s": ttft_p90, "tpot_p90_s": tpot_p90}
+
+    both, geo, carm = row(0.0, 0.0014, 0.767, 0.0346), row(0.0, 0.0, 0.362, 0.0209), \
+        row(0.0001, 0.0002, 0.957, 0.0282)
+    text = where_slo_cost(both, geo, carm)
+    assert text.startswith("The SLO cost shows in TPOT:")
+    assert "TTFT p90 0.767 s vs 0.362 / 0.957 s" in text
+    assert "TPOT p90 34.6 ms vs 20.9 / 28.2 ms" in text
+    none = where_slo_cost(geo, both, carm)
+    assert none.startswith("Neither the TTFT nor the TPOT violation ratio")
