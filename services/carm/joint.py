@@ -233,9 +233,9 @@ def verdict_text(rows: list[dict[str, Any]]) -> str:
         "geo-scheduler moves load between DCs within a slot, towards the low-CI DCs, whose "
         "clocks may be low; at a low clock the frequency model slows prefill much more than "
         "decode (at 510 MHz, time x2.73 for prefill and x1.18 for decode, from the "
-        "calibration's frequency block), and each prefill step stalls the decode batch, which "
-        "TPOT counts. CA-RM's latency model (paper 2 eq. 1, mean request latency) does not see "
-        "the TTFT/TPOT SLOs of paper 1.")
+        "calibration's frequency block); a slower prefill lengthens TTFT directly and, as each "
+        "prefill step stalls the decode batch, TPOT too. CA-RM's latency model (paper 2 "
+        "eq. 1, mean request latency) does not see the TTFT/TPOT SLOs of paper 1.")
     return "\n".join(out)
 
 

@@ -142,7 +142,7 @@ def test_synthetic_dataset_is_called_synthetic() -> None:
 
 
 @pytest.mark.parametrize("name", ["results.md", "results-base-8x2.md",
-                                  "results-base-4x2x8.md"])
+                                  "results-base-4x2x8.md", "carm-joint.md"])
 def test_every_report_on_cnn_dailymail_says_it_is_synthetic(name: str) -> None:
     text = (DOCS / name).read_text(encoding="utf-8")
     if "cnn-dailymail" in text:
