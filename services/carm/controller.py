@@ -4,12 +4,17 @@ Rules / theory of operation
 ---------------------------
 * One ``CarmController`` plans every DC each slot, rolling horizon: ``plan_slot(now_s,
   load_forecast_rps, supply_forecast_w, grid_ci_g_per_kwh)`` takes per-DC forecasts over the
-  next H slots (index 0 = the slot starting at ``now_s``), solves Problem 2 (min carbon s.t.
-  latency bound and deadlines; ``milp.solve_performance``) for each DC on that horizon, and
-  returns the decisions of slot 0 as ``DcPlan`` records. DCs do not share supply, so each DC is
-  an independent MILP: its inference engines form one sub-cluster (``workers`` GPUs/engines
-  with an inference profile, e.g. A100 + Llama-3.1-8B from ``data/carm/profiles.yaml``), and
-  its training jobs (``submit_job``) run on ``train_nodes`` nodes.
+  next H slots (index 0 = the slot starting at ``now_s``), solves the controller's
+  ``formulation`` for each DC on that horizon, and returns the decisions of slot 0 as
+  ``DcPlan`` records. Formulations are the offline methods of the same names
+  (`services.carm.methods`): ``performance`` (Problem 2: min carbon s.t. the latency bound
+  and deadlines, the default), ``carbon`` (Problem 1: min SLA penalties s.t. a carbon budget
+  of the horizon, derived per slot as offline: the least-carbon plan's carbon plus 5 % of
+  the gap to baseline-MAX, every GPU at the top clock) and ``ppc`` (Problem 3: max
+  performance per carbon). DCs do not share supply, so each DC is an independent MILP: its
+  inference engines form one sub-cluster (``workers`` GPUs/engines with an inference
+  profile, e.g. A100 + Llama-3.1-8B from ``data/carm/profiles.yaml``), and its training
+  jobs (``submit_job``) run on ``train_nodes`` nodes.
 * The renewable forecast is one series per DC (W); it is charged at ``renewable_g_per_wh``.
   The grid is charged at the forecast CI (gCO2/kWh; default the coal factor of paper Table 1).
 * Jobs whose deadline lies beyond the horizon must only do, within the horizon, the epochs
@@ -28,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.carm import milp
+from services.carm import methods, milp
 from services.carm.models import (
     EmissionFactors,
     InferenceProfile,
@@ -38,6 +43,9 @@ from services.carm.models import (
 )
 from services.carm.problem import Instance, Plan, TrainingJob
 from services.model.errors import InvalidInput, UsageError
+
+# the formulations a live controller solves each slot (names of `services.carm.methods`)
+FORMULATIONS = ("performance", "carbon", "ppc")
 
 
 @dataclass(frozen=True)
@@ -85,11 +93,15 @@ class CarmController:
     sites: Sequence[DcSite]
     slot_s: float
     opts: milp.MilpOptions = field(default_factory=lambda: milp.MilpOptions(time_limit_s=10.0))
+    formulation: str = "performance"
     _jobs: dict[str, list[_Job]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.slot_s > 0:
             raise InvalidInput("slot_s", f"expected > 0, got {self.slot_s}")
+        if self.formulation not in FORMULATIONS:
+            raise InvalidInput("formulation", f"expected one of {list(FORMULATIONS)}, "
+                                              f"got {self.formulation!r}")
         names = [s.name for s in self.sites]
         if len(set(names)) != len(names):
             raise InvalidInput("sites", "duplicate DC names")
@@ -179,7 +191,10 @@ class CarmController:
             else:
                 ci = np.full(load.shape, site.default_grid_g_per_wh)
             inst, used = self._instance(site, now_s, load, sup, ci)
-            plan = milp.solve_performance(inst, self.opts)
+            try:
+                plan = methods.run(self.formulation, inst, methods.MethodConfig(milp=self.opts))
+            except InvalidInput:  # Problem 1's budget needs every job done in the horizon
+                plan = milp.solve_carbon(inst, 1e18, self.opts)
             if not plan.feasible or plan.info.status == "no_solution":
                 plan = milp.solve_carbon(inst, 1e18, self.opts)
             out.append(self._record(site, inst, plan, used))

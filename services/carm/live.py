@@ -218,7 +218,9 @@ class CarmLive:
             ))
         self.sites = {s.name: s for s in sites}
         opts = MilpOptions(time_limit_s=self.spec.time_limit_s)
-        self.controllers = {s.name: CarmController([s], self.spec.slot_s, opts) for s in sites}
+        self.controllers = {s.name: CarmController([s], self.spec.slot_s, opts,
+                                                   formulation=self.spec.formulation)
+                            for s in sites}
         prior = topo.load.rate_rps / max(len(sites), 1)
         self.load = {s.name: _Load(prior) for s in sites}
         self.jobs: dict[str, _JobState] = {}

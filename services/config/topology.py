@@ -13,8 +13,8 @@ Rules
   (``{trace: auto|path, zone: NL, start_hour: ...}``); ``ci_start_hour`` at the top level is
   the default start hour of every trace.
 * ``carm:`` (optional, paper 2 in the emulator) configures the CA-RM controller: slot length
-  and horizon, formulation (only ``performance``, Problem 2, is supported by the live
-  controller), renewable emission factor, the hour of the renewable trace day at emulated
+  and horizon, formulation (``performance``: Problem 2, the default; ``carbon``: Problem 1;
+  ``ppc``: Problem 3), renewable emission factor, the hour of the renewable trace day at emulated
   t = 0, and per DC (a value for all DCs, overridden under ``carm.dcs.<name>``) the PV and
   wind peak power and the training cluster (nodes and a job set); ``control: none`` keeps
   the supply and the jobs but no CA-RM (top clock, training as soon as it can, the reference
@@ -485,7 +485,8 @@ def _dc(v: _V, raw: Any, key: str, region: str, defaults: Mapping[str, Any]) -> 
     )
 
 
-CARM_FORMULATIONS = ("performance",)  # the live controller solves Problem 2 only
+# the formulations the live controller solves (services.carm.controller.FORMULATIONS)
+CARM_FORMULATIONS = ("performance", "carbon", "ppc")
 
 
 def _range(v: _V, m: Mapping[str, Any], key: str, full: str,
@@ -559,9 +560,8 @@ def _carm(v: _V, raw: Any, dc_names: list[str]) -> CarmSpec:
                         "renewables", "training", "dcs", "control"})
     form = m.get("formulation", "performance")
     if form not in CARM_FORMULATIONS:
-        raise v.err("carm.formulation", f"expected one of {list(CARM_FORMULATIONS)} (the live "
-                    f"controller solves Problem 2 only; 'carbon' and 'ppc' run offline in "
-                    f"`geoserve carm simulate`), got {form!r}")
+        raise v.err("carm.formulation", f"expected one of {list(CARM_FORMULATIONS)} "
+                    f"(Problem 2, 1 or 3), got {form!r}")
     ren = v.mapping(m.get("renewables", {}) or {}, "carm.renewables")
     v.known(ren, "carm.renewables", {"pv_peak_w", "wind_peak_w"})
     train = v.mapping(m.get("training", {}) or {}, "carm.training")

@@ -160,7 +160,7 @@ def test_virtual_run_balances_renewable_and_grid_energy(tmp_path):
 @pytest.mark.parametrize("path, value, key", [
     (("carm", "renewables", "pv_peak_w"), -5, "carm.renewables.pv_peak_w"),
     (("carm", "slot_s"), 0, "carm.slot_s"),
-    (("carm", "formulation"), "ppc", "carm.formulation"),
+    (("carm", "formulation"), "problem-4", "carm.formulation"),
     (("carm", "trace_start_hour"), 24, "carm.trace_start_hour"),
     (("carm", "dcs", "b", "training"), {"nodez": 1}, "carm.dcs.b.training.nodez"),
     (("carm", "dcs", "nope"), {}, "carm.dcs.nope"),
@@ -198,3 +198,26 @@ def test_negative_supply_forecast_is_refused_naming_the_field():
     with pytest.raises(InvalidInput, match=r"supply_forecast_w\[x\]"):
         ctl.plan_slot(0.0, {"x": [1.0, 1.0]}, {"x": [10.0, -1.0]})
     assert np.isfinite(prof.latency_bound_s)
+
+
+@pytest.mark.parametrize("formulation", ["performance", "carbon", "ppc"])
+def test_every_formulation_plans_live_and_is_reported(tmp_path, formulation):
+    data = copy.deepcopy(TINY)
+    data["carm"]["formulation"] = formulation
+    data["carm"]["training"]["jobs"] = [{"model": "vgg16", "epochs": 20,
+                                         "deadline_s": 3 * SLOT_S}]
+    topo = _load(tmp_path, data)
+    live = CarmLive(topo)
+    plans = _run_slots(live, 3, 6.0)
+    cal = load_calibration(SETUP)
+    for slot in plans:
+        assert {p.dc for p in slot} == {"a", "b"}
+        for p in slot:
+            # solved by the formulation itself, not the unbounded-budget fallback
+            assert p.solver_status in ("optimal", "time_limit"), (formulation,
+                                                                  p.solver_status)
+            assert p.gpu_frequency_mhz in cal.frequency.levels_mhz
+    assert live.summary()["formulation"] == formulation
+    # each DC's job of 20 epochs is done by its deadline (3 slots) whatever the objective
+    assert [j.state for j in live.jobs.values()] == ["met", "met"]
+    assert all(j.finished_s <= 3 * SLOT_S for j in live.jobs.values())
