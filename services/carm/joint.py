@@ -142,7 +142,9 @@ def write_joint(rows: list[dict[str, Any]], topo: Topology, out: Path, img: Path
         f"{topo.load.seed}) for "
         f"{topo.load.duration_s / 3600:g} h of emulated time from `ci_start_hour` "
         f"{topo.ci_start_hour}; CA-RM slots of {topo.carm.slot_s:g} s, horizon "
-        f"{topo.carm.horizon_slots} slots, formulation {topo.carm.formulation} (Problem 2).",
+        f"{topo.carm.horizon_slots} slots, formulation {topo.carm.formulation}"
+        + {"performance": " (Problem 2).", "carbon": " (Problem 1).",
+           "ppc": " (Problem 3)."}.get(topo.carm.formulation, "."),
         "",
         "Every run has the same renewable supply and the same training jobs; \"without CA-RM\" "
         "means engines at the top clock and training as soon as it can (earliest deadline "
