@@ -63,6 +63,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
+import numpy as np
+
 from services.config.calibration import Calibration
 from services.datacenter.perfmodel import PerfModel
 from services.model.errors import CapacityExceeded, InvalidInput, UsageError
@@ -91,11 +93,51 @@ class EngineRequest:
     prefilled_tokens: int = 0      # all prefill work, recomputation included
     energy_j: float = 0.0          # prefill shares, plus decode shares booked on leaving
     share_mark_j: float = 0.0      # engine's decode-share accumulator when it joined
+    last_token_s: float = math.nan  # when its latest token was produced (token gaps only)
 
     @property
     def context_tokens(self) -> int:
         """Tokens whose KV is cached: prompt plus generated tokens."""
         return self.isl_tokens + self.generated
+
+
+class TokenGaps:
+    """A histogram of the gaps between consecutive tokens of every request (vLLM's
+    inter-token latency): upper bucket bounds `edges` (a value v falls in the first bucket
+    whose bound is >= v, Prometheus' rule; the last count is +Inf), their sum and count.
+    A request's first token has no gap; its later gaps add up to its decode time."""
+
+    __slots__ = ("edges", "counts", "sum", "count")
+
+    def __init__(self, edges: Iterable[float]) -> None:
+        self.edges = np.asarray(list(edges), dtype=np.float64)
+        self.counts = np.zeros(len(self.edges) + 1, dtype=np.int64)
+        self.sum = 0.0
+        self.count = 0
+
+    def add(self, gap: float) -> None:
+        self.counts[int(np.searchsorted(self.edges, gap, side="left"))] += 1
+        self.sum += gap
+        self.count += 1
+
+    def add_run(self, ends: list[float], batch: list[EngineRequest]) -> None:
+        """Every request of `batch` got one token at each step end of `ends`."""
+        n = len(batch)
+        first = np.fromiter((ends[0] - r.last_token_s for r in batch), np.float64, n)
+        first = first[~np.isnan(first)]  # tokens from before the histogram was attached
+        idx = np.searchsorted(self.edges, first, side="left")
+        self.counts += np.bincount(idx, minlength=len(self.counts))
+        self.sum += float(first.sum())
+        self.count += len(first)
+        if len(ends) > 1:
+            inner = np.diff(np.asarray(ends, dtype=np.float64))
+            idx = np.searchsorted(self.edges, inner, side="left")
+            self.counts += n * np.bincount(idx, minlength=len(self.counts))
+            self.sum += n * float(inner.sum())
+            self.count += n * len(inner)
+        last = ends[-1]
+        for r in batch:
+            r.last_token_s = last
 
 
 @dataclass(frozen=True)
@@ -237,6 +279,9 @@ class Engine:
         self.prefill_steps = 0
         self.decode_steps = 0
         self.preemptions = 0
+        self.prompt_tokens = 0             # prefill tokens computed (recomputation included)
+        self.generation_tokens = 0         # tokens produced (first tokens included)
+        self.token_gaps: TokenGaps | None = None  # every token's gap to the one before
         self._waiting_tokens = 0           # prompt tokens of waiting requests
         self._kv_tokens = 0                # cached tokens of running requests
         self._prefill_intervals: deque[tuple[float, float]] = deque()
@@ -348,12 +393,17 @@ class Engine:
             while q and q[0][1] <= now - self.config.duty_window_s:
                 self._prefill_intervals.popleft()
             total = max(plan.n_tokens, 1)
+            gaps = self.token_gaps
             for req, chunk in work.chunks:
                 req.prefill_done += chunk
                 req.prefilled_tokens += chunk
+                self.prompt_tokens += chunk
                 req.energy_j += plan.energy_j * chunk / total
                 if req.prefill_done >= req.prefill_target:
                     self._pending_prefill -= 1
+                    if gaps is not None and req.generated and req.last_token_s == req.last_token_s:
+                        # recomputed after a preemption: the gap since its last token
+                        gaps.add(now - req.last_token_s)
                     self._produce_token(req, now, events)
             # the iteration continues with more prefill or its decode step
             self._phase_start = False
@@ -368,6 +418,9 @@ class Engine:
             self.decode_steps += 1
             # every request in the batch gets an equal share, booked lazily (see _book_share)
             self._decode_share_j += energy / max(len(work.batch), 1)
+            if self.token_gaps is not None:
+                self.token_gaps.add_run(work.ends, work.batch)
+            self.generation_tokens += len(work.batch)
             fast = 0
             bt = self.block_tokens
             for req in work.batch:
@@ -382,6 +435,7 @@ class Engine:
                     fast += 1
                 else:
                     req.generated = g
+                    self.generation_tokens -= 1  # counted by _produce_token
                     self._produce_token(req, now, events)
             self._kv_tokens += fast
             self._phase_start = True
@@ -417,6 +471,7 @@ class Engine:
         self.steps += m
         self.decode_steps += m
         self._kv_tokens += n * m
+        self.generation_tokens += n * m
         work.applied = j
         return m
 
@@ -479,6 +534,8 @@ class Engine:
 
     def _produce_token(self, req: EngineRequest, now: float, events: list[EngineEvent]) -> None:
         req.generated += 1
+        req.last_token_s = now
+        self.generation_tokens += 1
         self._kv_tokens += 1
         if math.isnan(req.first_token_s):
             req.first_token_s = now

@@ -225,10 +225,61 @@ def _health() -> list[tuple[str, list[P]]]:
     ]
 
 
+def _vllm() -> list[tuple[str, list[P]]]:
+    """The DCs' vLLM-compatible series (`services.runtime.vllm`), by model."""
+    def mean(metric: str, legend: str) -> Q:
+        return Q(f"sum by (model_name) (rate({metric}_sum[{RI}])) / "
+                 f"sum by (model_name) (rate({metric}_count[{RI}]))", legend)
+
+    by = "model_name"
+    return [
+        ("Latency (vLLM series)", [
+            P("E2E request latency", _quantiles("vllm:e2e_request_latency_seconds", by), "s"),
+            P("Time to first token (at the engine)",
+              _quantiles("vllm:time_to_first_token_seconds", by), "s"),
+            P("Inter-token latency", _quantiles("vllm:inter_token_latency_seconds", by), "s"),
+            P("Time per output token per request",
+              _quantiles("vllm:request_time_per_output_token_seconds", by), "s"),
+            P("Mean queue, prefill, decode and inference time", (
+                mean("vllm:request_queue_time_seconds", "{{model_name}} queue"),
+                mean("vllm:request_prefill_time_seconds", "{{model_name}} prefill"),
+                mean("vllm:request_decode_time_seconds", "{{model_name}} decode"),
+                mean("vllm:request_inference_time_seconds", "{{model_name}} inference")), "s",
+              width=24),
+        ]),
+        ("Engines (vLLM series)", [
+            P("Token throughput", (
+                Q(f"sum by (model_name) (rate(vllm:prompt_tokens_total[{RI}]))",
+                  "{{model_name}} prompt"),
+                Q(f"sum by (model_name) (rate(vllm:generation_tokens_total[{RI}]))",
+                  "{{model_name}} generation")), "none"),
+            P("Requests running and waiting", (
+                Q("sum by (model_name) (vllm:num_requests_running)", "{{model_name}} running"),
+                Q("sum by (model_name) (vllm:num_requests_waiting)", "{{model_name}} waiting")),
+              "none"),
+            P("KV-cache usage (mean over engines)",
+              (Q("avg by (model_name) (vllm:kv_cache_usage_perc)", "{{model_name}}"),),
+              "percentunit"),
+            P("Finished requests by reason (per s)", (Q(
+                f"sum by (model_name, finished_reason) (rate(vllm:request_success_total[{RI}]))",
+                "{{model_name}} {{finished_reason}}"),), "ops"),
+            P("Preemptions (per s)", (Q(
+                f"sum by (model_name) (rate(vllm:num_preemptions_total[{RI}]))",
+                "{{model_name}}"),), "ops"),
+            P("Prompt and generation length", (
+                *(Q(q.expr, f"prompt {q.legend}") for q in _quantiles(
+                    "vllm:request_prompt_tokens", by)),
+                *(Q(q.expr, f"generation {q.legend}") for q in _quantiles(
+                    "vllm:request_generation_tokens", by))), "none"),
+        ]),
+    ]
+
+
 DASHBOARDS = {
     "slo-carbon": ("geoserve-slo-carbon", "GeoServe — SLO & carbon", _slo_carbon),
     "scheduler": ("geoserve-scheduler", "GeoServe — Scheduler", _scheduler),
     "emulator-health": ("geoserve-emulator-health", "GeoServe — Emulator health", _health),
+    "vllm-engines": ("geoserve-vllm-engines", "GeoServe — Engines (vLLM series)", _vllm),
 }
 
 

@@ -13,7 +13,11 @@ Rules
   bounded — ``region``, ``dc``, ``engine``, ``policy``, ``model``, ``status``,
   ``component``, ``outcome`` — never a request id. Every time is emulated seconds.
 * TTFT, TPOT, end-to-end and queue-time histograms use vLLM's buckets (v1
-  ``vllm/v1/metrics/loggers.py``), so vLLM dashboards and queries carry over.
+  ``vllm/v1/metrics/loggers.py``). A DC also exports vLLM's own engine series, with
+  vLLM's names, labels and meanings (``vllm:*``, `services.runtime.vllm`), so tools that
+  read a vLLM server read a GeoServe DC; ``/metrics`` is always served in the text format
+  0.0.4, which keeps the ``:`` of those names (prometheus_client's OpenMetrics output
+  rewrites it to ``_``).
 * State-derived series (gauges, and counters the cores already keep monotone: energy,
   carbon, terminal requests, wake-ups) are read from the core at scrape time by a
   `StateCollector`, which runs the read on the service's asyncio loop thread (the cores
@@ -34,10 +38,12 @@ import csv
 import logging
 import math
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any, Protocol
-from wsgiref.simple_server import WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -117,12 +123,32 @@ def serve_metrics(registry: CollectorRegistry, flag_port: int | None,
     if not port:
         return None
     addr = flag_address or os.environ.get(METRICS_ADDR_ENV) or "127.0.0.1"
+    app = prometheus_client.make_wsgi_app(registry)
+
+    def text_format(environ: dict[str, Any], start_response: Any) -> Any:
+        # Always the text format 0.0.4: prometheus_client's OpenMetrics output (which
+        # Prometheus asks for first) rewrites ':' in sample names to '_', so vLLM's
+        # `vllm:*` series would arrive as `vllm_*`; the text format keeps the names.
+        return app({**environ, "HTTP_ACCEPT": "text/plain; version=0.0.4"}, start_response)
+
     try:
-        server, _ = prometheus_client.start_http_server(port, addr=addr, registry=registry)
+        server = make_server(addr, port, text_format, _ThreadingWSGIServer,
+                             handler_class=_QuietHandler)
     except OSError as exc:
         raise InvalidInput("--metrics-port", f"cannot listen on {addr}:{port}: {exc}") from None
+    threading.Thread(target=server.serve_forever, name=f"{component}-metrics",
+                     daemon=True).start()
     log.info("%s metrics on http://%s:%d/metrics", component, addr, port)
     return server
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib's name)
+        """No access log per scrape."""
 
 
 class StateCollector(Collector):
@@ -302,11 +328,15 @@ class HotMetrics:
 class DcMetrics(HotMetrics):
     """Datacenter and engine series: state from the `Datacenter` core, latency histograms
     from finished requests (times measured at the DC: TTFT from the arrival at the first
-    scheduler to the first token at the DC, i.e. without the back-path RTT)."""
+    scheduler to the first token at the DC, i.e. without the back-path RTT). With
+    `per_engine` also vLLM's per-engine series (`services.runtime.vllm`)."""
 
     def __init__(self, registry: CollectorRegistry | None = None,
                  per_engine: bool = True) -> None:
+        from services.runtime.vllm import VllmMetrics
+
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.vllm = VllmMetrics(self.registry) if per_engine else None
         self._cache: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.per_engine = per_engine
         self.dc: Datacenter | None = None
@@ -343,8 +373,13 @@ class DcMetrics(HotMetrics):
         for m in (self.ttft, self.tpot, self.e2e, self.queue, self.prompt_tokens,
                   self.generation_tokens):
             m.labels(*lab)  # every series exists from the start
+        if self.vllm is not None:
+            self.vllm.attach(dc, now)
+            self.vllm.deferred = self.deferred
         if loop is not None:
             self.state.bind(loop)
+            if self.vllm is not None:
+                self.vllm.state.bind(loop)
 
     def _labels(self) -> tuple[str, str, str]:
         dc = self.dc
@@ -367,6 +402,10 @@ class DcMetrics(HotMetrics):
         """A wall runtime's completed `RequestRecord` (protobuf)."""
         self.on_completed(rec.ttft_s, rec.tpot_s, rec.e2e_s, rec.queue_s,
                           rec.request.isl_tokens, rec.output_tokens)
+        if self.vllm is not None:
+            ts = rec.request.timestamps
+            self.vllm.on_request(rec.engine, ts.dc_arrival_s, ts.admitted_s, ts.first_token_s,
+                                 ts.completed_s, rec.request.isl_tokens, rec.output_tokens)
 
     def _build(self) -> list[Metric]:
         dc = self.dc
@@ -407,6 +446,9 @@ class DcMetrics(HotMetrics):
         f.counter("geoserve_dc_renewable_energy_joules",
                   "Facility energy covered by on-site renewable supply.", e.renewable_j)
         f.counter("geoserve_dc_carbon_grams", "Operational carbon emitted, gCO2.", c.carbon_g)
+        f.counter("geoserve_dc_preemptions",
+                  "Recompute preemptions of running requests (KV cache full), all engines.",
+                  sum(e.preemptions for e in dc.engines))
         f.gauge("geoserve_dc_power_watts", "Facility power now.", c.power_w)
         f.gauge("geoserve_dc_renewable_supply_watts", "On-site renewable supply now.",
                 dc.renewable_w)

@@ -112,15 +112,19 @@ class _SimMetrics:
         self.lg.attach(now)
         # per-request updates applied in bulk before each sample (nothing reads them between)
         self.deferred = Deferred()
-        hot: list[HotMetrics] = [*self.dc.values(), *self.sched.values(), self.lg]
+        hot: list[HotMetrics] = [*self.dc.values(), *self.sched.values(), self.lg,
+                                 *(m.vllm for m in self.dc.values() if m.vllm is not None)]
         for h in hot:
             h.deferred = self.deferred
         self.csv = MetricsCsv(path)
 
     def completed(self, dc: str, row: RecordRow) -> None:
         ttft, e2e = latencies(row.scheduler_arrival_s, row.first_token_s, row.completed_s)
-        self.dc[dc].on_completed(ttft, row.tpot_s, e2e, row.queue_s, row.isl_tokens,
-                                 row.output_tokens)
+        m = self.dc[dc]
+        m.on_completed(ttft, row.tpot_s, e2e, row.queue_s, row.isl_tokens, row.output_tokens)
+        if m.vllm is not None:
+            m.vllm.on_request(row.engine, row.dc_arrival_s, row.admitted_s, row.first_token_s,
+                              row.completed_s, row.isl_tokens, row.output_tokens)
         self.lg.on_finished(row)
 
     def schedule(self, end_s: float) -> None:

@@ -225,3 +225,30 @@ def json_jobs(config: Path) -> list[str]:
 
     doc = yaml.safe_load(config.read_text())
     return [j["job_name"] for j in doc["scrape_configs"]]
+
+
+VLLM_NAMES = ("vllm:num_requests_running", "vllm:num_requests_waiting",
+              "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total",
+              "vllm:generation_tokens_total", "vllm:num_preemptions_total",
+              "vllm:request_success_total", "vllm:time_to_first_token_seconds_bucket",
+              "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
+              "vllm:request_queue_time_seconds_bucket", "vllm:request_prefill_time_seconds_bucket",
+              "vllm:request_decode_time_seconds_bucket",
+              "vllm:request_inference_time_seconds_bucket",
+              "vllm:request_time_per_output_token_seconds_bucket",
+              "vllm:request_prompt_tokens_bucket", "vllm:request_generation_tokens_bucket")
+
+
+def test_every_dc_serves_the_vllm_series_per_engine(scraped_run: Any) -> None:
+    """Each DC job has every vLLM series for each of its engines (model_name, engine), and
+    the completions Prometheus counted match the summary's."""
+    base, at, summary = scraped_run["base"], scraped_run["at"], scraped_run["summary"]
+    dcs = set(summary["carbon_g"]["per_dc"])
+    for name in VLLM_NAMES:
+        res = _query(base, f"count by (job, model_name, engine) ({name})", at)
+        got = {(r["metric"]["job"], r["metric"]["engine"]) for r in res}
+        assert {job for job, _ in got} == {f"dc-{d}" for d in dcs}, (name, got)
+        assert all(r["metric"]["model_name"] == "llama-3.1-8b" for r in res), name
+        assert {e for _, e in got} == {"0", "1"}, (name, got)  # small: 2 engines per DC
+    done = _query(base, "sum(vllm:request_success_total)", time.time())
+    assert float(done[0]["value"][1]) == summary["requests"]["completed"]

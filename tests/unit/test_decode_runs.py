@@ -28,8 +28,10 @@ from services.datacenter.engine import (
     EngineRequest,
     Finished,
     FinishedRequest,
+    TokenGaps,
 )
 from services.model.carbon import ConstantCI
+from services.runtime.metrics import TPOT_BUCKETS
 from services.runtime.vclock import VirtualClock
 
 
@@ -45,6 +47,8 @@ def _run_engines(cal: Calibration, items: Sequence[tuple[float, int, int]], n_en
     clock = VirtualClock(0.0)
     cfg = EngineConfig(max_queue=len(items) + 1, max_run_steps=run_steps)
     engines = [Engine(cal, f"e{i}", cfg, 0.0) for i in range(n_engines)]
+    for e in engines:
+        e.token_gaps = TokenGaps(TPOT_BUCKETS)
     done: dict[str, FinishedRequest] = {}
     first: dict[str, float] = {}
 
@@ -84,6 +88,11 @@ def _run_engines(cal: Calibration, items: Sequence[tuple[float, int, int]], n_en
         "idle_j": [e.idle_energy_j(end) for e in engines],
         "preemptions": sum(e.preemptions for e in engines),
         "steps": sum(e.steps for e in engines),
+        "prompt_tokens": sum(e.prompt_tokens for e in engines),
+        "generation_tokens": sum(e.generation_tokens for e in engines),
+        "gap_counts": sum(e.token_gaps.counts for e in engines if e.token_gaps),
+        "gap_count": sum(e.token_gaps.count for e in engines if e.token_gaps),
+        "gap_sum": sum(e.token_gaps.sum for e in engines if e.token_gaps),
     }
 
 
@@ -113,6 +122,36 @@ def test_runs_equal_step_by_step(llama_cal: Calibration, seed: int, n: int, rate
     assert run["idle_j"] == ref["idle_j"]
     assert run["preemptions"] == ref["preemptions"]
     assert run["steps"] == ref["steps"]
+    assert run["prompt_tokens"] == ref["prompt_tokens"]
+    assert run["generation_tokens"] == ref["generation_tokens"]
+    assert run["gap_counts"].tolist() == ref["gap_counts"].tolist()
+    assert run["gap_count"] == ref["gap_count"]
+    assert run["gap_sum"] == pytest.approx(ref["gap_sum"], rel=1e-12)
+
+
+@pytest.mark.parametrize("run_steps", [1, 32])
+@pytest.mark.parametrize(
+    "seed,n,rate,isl,osl,engines",
+    [(1, 300, 20.0, (20, 400), (5, 300), 2),
+     (2, 200, 400.0, (2000, 4000), (1500, 3000), 1),   # with preemption and recomputation
+     (3, 200, 5.0, (1, 8), (1, 3), 3)],
+)
+def test_token_counters_and_gaps_add_up_to_the_requests(
+        llama_cal: Calibration, seed: int, n: int, rate: float, isl: tuple[int, int],
+        osl: tuple[int, int], engines: int, run_steps: int) -> None:
+    """vLLM's per-step series: prompt tokens are the prefill work, generation tokens every
+    token produced, and each token after a request's first has one gap; a request's gaps
+    add up to its decode time (last token - first token)."""
+    out = _run_engines(llama_cal, _workload(seed, n, rate, isl, osl), engines, run_steps,
+                       0.5)
+    fin = list(out["finished"].values())
+    assert len(fin) == n
+    assert out["prompt_tokens"] == sum(f.prefilled_tokens for f in fin)
+    assert out["generation_tokens"] == sum(f.output_tokens for f in fin)
+    assert out["gap_count"] == sum(f.output_tokens - 1 for f in fin)
+    assert int(out["gap_counts"].sum()) == out["gap_count"]
+    assert out["gap_sum"] == pytest.approx(sum(f.completed_s - f.first_token_s for f in fin),
+                                           rel=1e-9)
 
 
 def test_heavy_workload_preempts(llama_cal: Calibration) -> None:

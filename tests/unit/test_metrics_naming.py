@@ -27,7 +27,20 @@ from services.runtime.metrics import (
 from services.sim.runtime import SimRun
 
 ALLOWED_LABELS = {"region", "dc", "engine", "policy", "model", "status", "component",
-                  "outcome"}
+                  "outcome", "model_name", "finished_reason"}
+# vLLM's engine series (V1 engine names; the docs' metrics list), as exposed
+VLLM_SERIES = {
+    "gauge": {"vllm:num_requests_running", "vllm:num_requests_waiting",
+              "vllm:kv_cache_usage_perc"},
+    "counter": {"vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                "vllm:num_preemptions_total", "vllm:request_success_total"},
+    "histogram": {"vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+                  "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+                  "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+                  "vllm:request_inference_time_seconds",
+                  "vllm:request_time_per_output_token_seconds",
+                  "vllm:request_prompt_tokens", "vllm:request_generation_tokens"},
+}
 UNITS = ("_seconds", "_joules", "_grams", "_ratio", "_watts", "_hertz", "_tokens",
          "_grams_per_kwh", "_bytes")
 # dimensionless gauges: counts of things and 0/1 flags
@@ -96,6 +109,8 @@ def test_names_are_prefixed_snake_case_with_units(exported: Any) -> None:
     bad = []
     for fam in fams:
         exposed = fam.name + "_total" if fam.type == "counter" else fam.name
+        if exposed.startswith("vllm:"):  # vLLM's own names: test_vllm_series_...
+            continue
         if not re.fullmatch(r"geoserve_[a-z0-9]+(_[a-z0-9]+)*", exposed):
             bad.append(f"{exposed}: not geoserve_ snake case")
             continue
@@ -114,6 +129,21 @@ def test_names_are_prefixed_snake_case_with_units(exported: Any) -> None:
             if s.name.endswith("_created"):
                 bad.append(f"{s.name}: _created series exported")
     assert not bad, "\n".join(bad)
+
+
+def test_vllm_series_have_vllms_names_types_and_labels(exported: Any) -> None:
+    _, fams, _ = exported
+    got: dict[str, set[str]] = {}
+    for fam in fams:
+        if fam.name.startswith("vllm:"):
+            exposed = fam.name + "_total" if fam.type == "counter" else fam.name
+            got.setdefault(fam.type, set()).add(exposed)
+            for smp in fam.samples:
+                want = {"model_name", "engine"} | (
+                    {"finished_reason"} if exposed == "vllm:request_success_total" else set())
+                assert set(smp.labels) - {"le"} == want, (smp.name, smp.labels)
+                assert smp.labels["model_name"] == "llama-3.1-8b"
+    assert got == VLLM_SERIES
 
 
 def test_labels_are_bounded_and_never_request_ids(exported: Any) -> None:
@@ -292,3 +322,37 @@ def test_every_service_main_takes_metrics_flags(module: str, required: list[str]
                               "--metrics-address", "127.0.0.1"])
     assert (args.metrics_port, args.metrics_address) == (9100, "127.0.0.1")
     assert parser.parse_args(required).metrics_port is None  # then METRICS_PORT decides
+
+
+def test_vllm_series_count_what_the_records_say(exported: Any) -> None:
+    """At the end of a drained run, per DC: one e2e observation and one success per
+    completed request, generation tokens = their output tokens, one inter-token gap per
+    token after a request's first, and gaps adding up to the decode times."""
+    run, _, _ = exported
+    rows = [r for r in run.records() if r.state == "completed"]
+    assert rows and len(rows) == len(run.emitted)
+    assert run._m is not None
+    for dc_name, dc in run.dcs.items():
+        by_name = {f.name: f for f in run._m.dc[dc_name].registry.collect()}
+        engines = {str(i) for i in range(len(dc.engines))}
+
+        def total(fam: str, sample: str, dc_engines: set[str]) -> float:
+            return sum(s.value for s in by_name[fam].samples  # noqa: B023 (this DC's)
+                       if s.name == sample and s.labels["engine"] in dc_engines)
+
+        mine = [r for r in rows if r.dc == dc_name]
+        assert mine
+        assert total("vllm:e2e_request_latency_seconds",
+                     "vllm:e2e_request_latency_seconds_count", engines) == len(mine)
+        assert total("vllm:request_success", "vllm:request_success_total", engines) == len(mine)
+        assert total("vllm:generation_tokens", "vllm:generation_tokens_total",
+                     engines) == sum(r.output_tokens for r in mine)
+        assert total("vllm:inter_token_latency_seconds",
+                     "vllm:inter_token_latency_seconds_count",
+                     engines) == sum(r.output_tokens - 1 for r in mine)
+        assert total("vllm:inter_token_latency_seconds", "vllm:inter_token_latency_seconds_sum",
+                     engines) == pytest.approx(sum(r.completed_s - r.first_token_s
+                                                   for r in mine), rel=1e-9)
+        assert total("vllm:request_prompt_tokens", "vllm:request_prompt_tokens_sum",
+                     engines) == sum(r.isl_tokens for r in mine)
+        assert total("vllm:num_requests_running", "vllm:num_requests_running", engines) == 0
