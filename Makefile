@@ -9,7 +9,7 @@ TOPOLOGY ?= topologies/small.yaml
 POLICY ?= round-robin
 PYTEST_ARGS ?=
 
-.PHONY: all venv proto proto-check lint typecheck test test-fast run bench bench-all clean help deps-system
+.PHONY: all venv lock proto proto-check lint typecheck test test-fast run bench bench-all clean help deps-system
 
 help:
 	@echo "make run    - set up and run the default emulated topology end to end"
@@ -20,11 +20,22 @@ help:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Every dependency at its locked version, checked against the lock's hashes, then the
+# project itself (editable). `make lock` re-resolves both lock files from pyproject.toml.
+$(STAMP): pyproject.toml requirements-dev.lock
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --require-hashes -r requirements-dev.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@touch $(STAMP)
+
+lock:
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet uv
+	$(BIN)/uv pip compile pyproject.toml --generate-hashes --python-version 3.11 --quiet \
+	  -o requirements.lock
+	$(BIN)/uv pip compile pyproject.toml --extra dev --generate-hashes --python-version 3.11 \
+	  --quiet -o requirements-dev.lock
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I protos \

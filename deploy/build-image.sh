@@ -94,7 +94,7 @@ build_wheelhouse() {
   mv "$constraints.new" "$constraints"
   rm -rf "$dir"; mkdir -p "$dir"
   log "building wheels of the dependencies into $dir"
-  "$PYTHON" -m pip wheel --quiet -w "$dir" -c "$constraints" . 'setuptools>=68' wheel
+  "$PYTHON" -m pip wheel --quiet -w "$dir" -c "$constraints" . 'setuptools>=77' wheel
   rm -f "$dir"/geoserve-*.whl   # the image installs the project itself from its source
   echo "$stamp" > "$dir/.stamp"
 }

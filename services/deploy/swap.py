@@ -145,8 +145,12 @@ def swap_scheduler(req: SwapRequest, client: Any | None = None,
     with warnings.catch_warnings():
         # the docker SDK and its dependencies may warn about deprecations on import/use
         warnings.simplefilter("ignore", DeprecationWarning)
-        import docker
-        from docker.errors import DockerException, ImageNotFound, NotFound
+        try:
+            import docker
+            from docker.errors import DockerException, ImageNotFound, NotFound
+        except ImportError as exc:
+            raise Unavailable("geoserve swap-scheduler needs the docker package: "
+                             "pip install 'geoserve[deploy]'") from exc
 
         try:
             client = client or docker.from_env()
