@@ -24,13 +24,14 @@ import csv
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from services.model.errors import ConfigError, InvalidInput, UsageError
+from services.model.signals import FORMATS, read_signal
 
 SECONDS_PER_HOUR = 3600.0
 TIME_COLUMN = "datetime_utc"
@@ -77,10 +78,15 @@ class ConstantCI:
 
 @dataclass(frozen=True)
 class HourlyTraceCI:
-    """A piecewise-constant hourly series; emulated t=0 is hour ``start_hour``; wraps around."""
+    """A piecewise-constant series of steps of ``step_s`` seconds (an hour by default, down
+    to Electricity Maps' and WattTime's 5 minutes); emulated t=0 is step ``start_hour``
+    (an hour for hourly traces); wraps around. ``origin_utc``, when known, is the UTC time
+    of ``values[0]``: the trace's calendar (`datetime_at`)."""
 
     values: np.ndarray
     start_hour: int = 0
+    step_s: float = SECONDS_PER_HOUR
+    origin_utc: datetime | None = None
     _prefix: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -93,23 +99,26 @@ class HourlyTraceCI:
             raise InvalidInput("ci.start_hour", f"must be an integer, got {self.start_hour!r}")
         if not 0 <= int(self.start_hour) < arr.size:
             raise InvalidInput(
-                "ci.start_hour", f"must be in [0, {arr.size}) for a {arr.size}-hour trace, "
+                "ci.start_hour", f"must be in [0, {arr.size}) for a {arr.size}-step trace, "
                 f"got {self.start_hour}"
             )
+        if not (math.isfinite(self.step_s) and self.step_s > 0):
+            raise InvalidInput("ci.step_s", f"must be a finite number > 0, got {self.step_s}")
         arr.setflags(write=False)
         prefix = np.concatenate(([0.0], np.cumsum(arr)))
         prefix.setflags(write=False)
         object.__setattr__(self, "values", arr)
         object.__setattr__(self, "start_hour", int(self.start_hour))
+        object.__setattr__(self, "step_s", float(self.step_s))
         object.__setattr__(self, "_prefix", prefix)
 
     @property
     def hours(self) -> int:
-        """Length of the series in hours (the wrap-around period)."""
+        """Length of the series in steps (the wrap-around period; hours when hourly)."""
         return int(self.values.size)
 
     def _hours_since_origin(self, t_s: float) -> float:
-        return self.start_hour + t_s / SECONDS_PER_HOUR
+        return self.start_hour + t_s / self.step_s
 
     def at(self, t_s: float) -> float:
         if not math.isfinite(t_s):
@@ -117,8 +126,18 @@ class HourlyTraceCI:
         k = math.floor(self._hours_since_origin(t_s)) % self.hours
         return float(self.values[k])
 
+    def step_start_s(self, t_s: float) -> float:
+        """Emulated start of the step in force at ``t_s``."""
+        return (math.floor(self._hours_since_origin(t_s)) - self.start_hour) * self.step_s
+
+    def datetime_at(self, t_s: float) -> datetime | None:
+        """The trace's UTC time at emulated ``t_s`` (None without an origin)."""
+        if self.origin_utc is None:
+            return None
+        return self.origin_utc + timedelta(seconds=self.start_hour * self.step_s + t_s)
+
     def _integral(self, h: float) -> float:
-        """Integral of the wrapped step function from hour 0 to hour ``h`` (in gCO2/kWh·h)."""
+        """Integral of the wrapped step function from step 0 to step ``h`` (gCO2/kWh·step)."""
         n = self.hours
         cycles = math.floor(h / n)
         rem = h - cycles * n  # in [0, n)
@@ -320,9 +339,15 @@ def _build_constant(
 def _build_trace(
     m: Mapping[str, Any], key_path: str, source: str, base: Path | None
 ) -> CISource:
-    extra = set(m) - {"trace", "zone", "start_hour"}
+    extra = set(m) - {"trace", "zone", "start_hour", "format", "emission_factor"}
     if extra:
         raise ConfigError(source, key_path, f"unexpected keys with 'trace': {sorted(extra)}")
+    fmt = m.get("format", "geoserve")
+    if fmt not in FORMATS:
+        raise ConfigError(source, f"{key_path}.format", f"expected one of {list(FORMATS)}, "
+                                                        f"got {fmt!r}")
+    if fmt != "geoserve":
+        return _build_signal(m, key_path, source, base, fmt)
     zone = m.get("zone")
     if not isinstance(zone, str) or not zone:
         raise ConfigError(source, f"{key_path}.zone", "an Electricity Maps zone id is required")
@@ -356,7 +381,50 @@ def _build_trace(
             source, f"{key_path}.start_hour",
             f"must be an hour index in [0, {values.size}) or an ISO UTC hour, got {start!r}",
         )
-    return HourlyTraceCI(values, start)
+    return HourlyTraceCI(values, start, origin_utc=first.replace(tzinfo=UTC)
+                         if first.tzinfo is None else first)
+
+
+def _build_signal(m: Mapping[str, Any], key_path: str, source: str, base: Path | None,
+                  fmt: str) -> CISource:
+    """A trace in a provider's format (`services.model.signals`): 5-minute to hourly."""
+    trace = m.get("trace")
+    if not isinstance(trace, str | Path) or trace == "auto":
+        raise ConfigError(source, f"{key_path}.trace", f"a {fmt} file path is required")
+    path = Path(trace)
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    if not path.is_file():
+        raise ConfigError(source, f"{key_path}.trace", f"CI trace file not found: {path}")
+    zone = m.get("zone")
+    if zone is not None and (not isinstance(zone, str) or not zone):
+        raise ConfigError(source, f"{key_path}.zone", f"expected a zone id, got {zone!r}")
+    factor = m.get("emission_factor", "lifecycle")
+    if factor not in ("lifecycle", "direct"):
+        raise ConfigError(source, f"{key_path}.emission_factor",
+                          f"expected lifecycle or direct, got {factor!r}")
+    sig = read_signal(path, fmt, zone, factor)
+    start = m.get("start_hour", 0)
+    if isinstance(start, str):
+        when = _parse_utc(source, f"{key_path}.start_hour", start)
+        off = (when - sig.first_utc).total_seconds() / sig.step_s
+        if off != int(off):
+            raise ConfigError(source, f"{key_path}.start_hour",
+                              f"{start} is not on a {sig.step_s:g} s step of {path}")
+        start = int(off)
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < sig.values.size:
+        raise ConfigError(source, f"{key_path}.start_hour",
+                          f"must be a step index in [0, {sig.values.size}) or an ISO UTC time "
+                          f"inside {path}, got {start!r}")
+    return HourlyTraceCI(sig.values, start, sig.step_s, sig.first_utc)
+
+
+def _parse_utc(source: str, key: str, text: str) -> datetime:
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(source, key, f"not an ISO UTC time: {text!r}") from None
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
 class CIRegistry:
@@ -406,7 +474,9 @@ CI_SOURCES.register(CIKind("constant", "constant CI in gCO2/kWh, e.g. {constant:
 CI_SOURCES.register(CIKind(
     "trace",
     "hourly EM trace: {trace: data/carbon/<file>.csv | auto, zone: NL, "
-    "start_hour: 12 | '2022-06-01T12:00Z'}",
+    "start_hour: 12 | '2022-06-01T12:00Z'}; or a provider's file, 5-minute to hourly: "
+    "{trace: FILE, format: emaps-csv | emaps-json | watttime-csv, zone: Z, start_hour: "
+    "INDEX | ISO time, emission_factor: lifecycle | direct}",
     _build_trace,
 ))
 
