@@ -22,7 +22,9 @@ Rules / theory of operation
   the ENTSO-E capacity factor; the trace day wraps every 24 h, emulated t = 0 is
   ``trace_start_hour`` of it. Traces are the truth, so the supply forecast is exact.
 * Grid CI forecast (gCO2/kWh, per slot): the DC's CI source's mean over the slot
-  (``build_ci(topo, dc).mean(t0, t1)``), i.e. a perfect forecast of the hourly trace.
+  (``build_ci(topo, dc).mean(t0, t1)``), i.e. a perfect forecast of the trace, unless
+  ``carm.ci_forecast_error`` sets a relative error (`services.model.carbon.CIForecast`:
+  growing with the square root of the lead time, seeded by the load seed).
 * Plans: ``plan(now)`` submits the jobs that have arrived, calls ``plan_slot`` (one controller
   per DC, so one DC's trouble cannot stop the others) and snaps each frequency to the
   calibration's levels.
@@ -67,6 +69,7 @@ from services.carm.workload import load_workloads
 from services.config.calibration import Calibration, load_calibration
 from services.config.factory import build_ci
 from services.config.topology import CarmDcSpec, CarmSpec, Topology
+from services.model.carbon import CIForecast
 from services.model.errors import ConfigError, InvalidInput, UsageError
 
 DAY_S = 86400.0
@@ -202,11 +205,15 @@ class CarmLive:
         self.traces = traces or RenewableTraces()
         self.cals: dict[str, Calibration] = {}
         self.ci: dict[str, Any] = {}
+        self.ci_forecast: dict[str, CIForecast] = {}
         sites: list[DcSite] = []
         for d in topo.dcs:
             cal = load_calibration(d.setup)
             self.cals[d.name] = cal
             self.ci[d.name] = build_ci(topo, d)
+            # the grid CI the planner sees ahead: the trace, or a forecast with an error
+            self.ci_forecast[d.name] = CIForecast(self.ci[d.name],
+                                                  self.spec.ci_forecast_error, topo.load.seed)
             cs = self.spec.dc(d.name)
             sites.append(DcSite(
                 name=d.name,
@@ -302,7 +309,8 @@ class CarmLive:
             load[name] = [self.load[name].rate_rps] * h
             supply[name] = [self.supply_w(name, now + k * slot_s, now + (k + 1) * slot_s)
                             for k in range(h)]
-            ci[name] = [float(self.ci[name].mean(now + k * slot_s, now + (k + 1) * slot_s))
+            fc = self.ci_forecast[name]
+            ci[name] = [fc.forecast(now, now + k * slot_s, now + (k + 1) * slot_s)
                         for k in range(h)]
         before = {n: dict(self.controllers[n].pending_jobs(n)) for n in self.sites}
         t0 = self.perf_clock()

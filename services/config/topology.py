@@ -150,6 +150,7 @@ class CarmSpec:
     time_limit_s: float = 5.0           # HiGHS limit per DC per slot
     dcs: tuple[CarmDcSpec, ...] = ()
     control: str = "carm"               # carm | none (supply and jobs only: top clock, EDF)
+    ci_forecast_error: float = 0.0      # relative error of the grid CI forecast (0: oracle)
 
     def dc(self, name: str) -> CarmDcSpec:
         for d in self.dcs:
@@ -557,7 +558,7 @@ def _carm(v: _V, raw: Any, dc_names: list[str]) -> CarmSpec:
     m = v.mapping(raw, "carm")
     v.known(m, "carm", {"slot_s", "horizon_slots", "formulation", "renewable_g_per_kwh",
                         "trace_start_hour", "forecast", "ewma_alpha", "time_limit_s",
-                        "renewables", "training", "dcs", "control"})
+                        "renewables", "training", "dcs", "control", "ci_forecast_error"})
     form = m.get("formulation", "performance")
     if form not in CARM_FORMULATIONS:
         raise v.err("carm.formulation", f"expected one of {list(CARM_FORMULATIONS)} "
@@ -604,6 +605,8 @@ def _carm(v: _V, raw: Any, dc_names: list[str]) -> CarmSpec:
         time_limit_s=v.num(m, "time_limit_s", "carm.time_limit_s", 5.0, lo=0.0, strict_lo=True),
         dcs=tuple(dcs),
         control=v.text(m, "control", "carm.control", "carm", ("carm", "none")),
+        ci_forecast_error=v.num(m, "ci_forecast_error", "carm.ci_forecast_error", 0.0, lo=0.0,
+                                hi=10.0),
     )
 
 

@@ -156,6 +156,41 @@ class HourlyTraceCI:
         return (self._integral(h1) - self._integral(h0)) / (h1 - h0)
 
 
+def step_of(src: CISource) -> float:
+    """The step (s) on which a source changes value: a trace's, an hour for constants."""
+    return float(getattr(src, "step_s", SECONDS_PER_HOUR))
+
+
+@dataclass(frozen=True)
+class CIForecast:
+    """Forecasts of a CI source with a relative error that grows with the lead time.
+
+    ``forecast(now_s, t0_s, t1_s)`` is ``mean(t0_s, t1_s) * (1 + error * z *
+    sqrt(lead_h))``, clipped at 0, where ``lead_h`` is the lead time in hours (at least one
+    step) and ``z`` a standard normal drawn once per (``seed``, step of ``t0_s``) -- the same
+    future step gets the same draw whoever asks, so forecasts are deterministic. With
+    ``error == 0`` a forecast is the trace itself (an oracle)."""
+
+    source: CISource
+    error: float = 0.0
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.error) and 0.0 <= self.error <= 10.0):
+            raise InvalidInput("forecast_error", f"expected a relative error in [0, 10], "
+                                                 f"got {self.error}")
+
+    def forecast(self, now_s: float, t0_s: float, t1_s: float) -> float:
+        true = self.source.mean(t0_s, t1_s)
+        if self.error == 0.0:
+            return true
+        step = step_of(self.source)
+        lead_h = max(t0_s - now_s, step) / SECONDS_PER_HOUR
+        k = math.floor(t0_s / step)
+        z = float(np.random.default_rng([self.seed, k & 0x7FFFFFFF, k < 0]).standard_normal())
+        return max(0.0, true * (1.0 + self.error * z * math.sqrt(lead_h)))
+
+
 # ------------------------------------------------------------------------------------------
 # Loaders
 

@@ -221,3 +221,28 @@ def test_every_formulation_plans_live_and_is_reported(tmp_path, formulation):
     # each DC's job of 20 epochs is done by its deadline (3 slots) whatever the objective
     assert [j.state for j in live.jobs.values()] == ["met", "met"]
     assert all(j.finished_s <= 3 * SLOT_S for j in live.jobs.values())
+
+
+def test_ci_forecast_error_changes_what_the_planner_sees_and_zero_is_the_trace(tmp_path):
+    from services.model.carbon import CIForecast, ConstantCI
+
+    exact = CIForecast(ConstantCI(300.0))
+    assert exact.forecast(0.0, 3600.0, 7200.0) == 300.0
+    noisy = CIForecast(ConstantCI(300.0), 0.2, seed=3)
+    far = [noisy.forecast(0.0, k * 3600.0, (k + 1) * 3600.0) for k in range(1, 200)]
+    # one draw per future step, whoever asks: from 10 h and from 9 h ahead the relative
+    # error differs only by the lead-time factor sqrt(10 / 9)
+    r10 = noisy.forecast(0.0, 36000.0, 39600.0) / 300.0 - 1.0
+    r9 = noisy.forecast(3600.0, 36000.0, 39600.0) / 300.0 - 1.0
+    assert r10 == pytest.approx(r9 * (10 / 9) ** 0.5)
+    assert noisy.forecast(0.0, 36000.0, 39600.0) == noisy.forecast(0.0, 36000.0, 39600.0)
+    rel = np.array(far) / 300.0 - 1.0
+    assert rel.std() > 0.2  # lead times of 1-199 h: the error grows beyond one sigma
+    assert min(far) >= 0.0
+    data = copy.deepcopy(TINY)
+    data["carm"]["ci_forecast_error"] = 0.5
+    live = CarmLive(_load(tmp_path, data))
+    assert live.ci_forecast["a"].error == 0.5
+    plans = _run_slots(live, 2, 6.0)
+    seen = [p.grid_ci_g_per_kwh for slot in plans for p in slot if p.dc == "a"]
+    assert any(v != 300.0 for v in seen)  # the constant 300 g DC, seen through the error
