@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "services.carm.cli",
     "services.deploy.cli",
     "services.deploy.stack",
+    "services.carbonapi.server",
 )
 
 

@@ -181,13 +181,15 @@ class CIForecast:
                                                  f"got {self.error}")
 
     def forecast(self, now_s: float, t0_s: float, t1_s: float) -> float:
-        true = self.source.mean(t0_s, t1_s)
+        step = step_of(self.source)
+        k0 = math.floor(t0_s / step)
+        # within one step: its value itself (the prefix-sum mean would round it)
+        same = t1_s <= t0_s or k0 == math.floor(math.nextafter(t1_s, -math.inf) / step)
+        true = self.source.at(t0_s) if same else self.source.mean(t0_s, t1_s)
         if self.error == 0.0:
             return true
-        step = step_of(self.source)
         lead_h = max(t0_s - now_s, step) / SECONDS_PER_HOUR
-        k = math.floor(t0_s / step)
-        z = float(np.random.default_rng([self.seed, k & 0x7FFFFFFF, k < 0]).standard_normal())
+        z = float(np.random.default_rng([self.seed, abs(k0), k0 < 0]).standard_normal())
         return max(0.0, true * (1.0 + self.error * z * math.sqrt(lead_h)))
 
 

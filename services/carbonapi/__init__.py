@@ -1,0 +1,1 @@
+"""Carbon-signal APIs (Carbon Aware SDK, Electricity Maps) over the emulated grid."""
