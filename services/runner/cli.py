@@ -36,6 +36,9 @@ def register(sub: Any) -> None:
     run.add_argument("--prometheus", action="store_true",
                      help="also run a Prometheus server (prometheus on PATH) scraping every "
                           "service into <out>/prom")
+    run.add_argument("--carbon-api", type=int, default=0, metavar="PORT",
+                     help="also serve the emulated grid as carbon-signal APIs (Carbon Aware "
+                          "SDK, Electricity Maps shapes) on 127.0.0.1:PORT")
     run.add_argument("--prometheus-port", type=int, default=0,
                      help="Prometheus web port with --prometheus (default: a free port)")
     run.add_argument("--linger", type=float, default=None,
@@ -127,6 +130,10 @@ def _print_metrics(runner: Any, out: Path) -> None:
     if runner.prometheus:
         print(f"prometheus: http://127.0.0.1:{runner.prometheus_port} "
               f"(data in {out / 'prom'})", flush=True)
+    if runner.carbon_api_port:
+        print(f"carbon-api: http://127.0.0.1:{runner.carbon_api_port}"
+              "/emissions/bylocation?location=DC (and /v3/carbon-intensity/latest?zone=Z)",
+              flush=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -140,6 +147,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     topo = _topology(args)
     if not topo.regions:
         raise InvalidInput("topology", "no regions")
+    if not 0 <= args.carbon_api <= 65535:
+        raise InvalidInput("--carbon-api", f"expected a port 1..65535, got {args.carbon_api}")
     out = _out_dir(args, topo, "run")
     out.mkdir(parents=True, exist_ok=True)
     n_proc = len(topo.dcs) + len(topo.regions) + 2
@@ -149,6 +158,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     runner = LocalRun(topo, args.topology, out, policy=args.policy,
                       policy_config=args.policy_config, rate=args.rate,
                       duration=args.duration, seed=args.seed, prometheus=args.prometheus,
+                      carbon_api_port=args.carbon_api,
                       prometheus_port=args.prometheus_port,
                       linger_s=args.linger if args.linger is not None
                       else (2.0 if args.prometheus else 0.0))

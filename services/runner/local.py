@@ -117,6 +117,7 @@ class LocalRun:
     metrics: bool = True
     prometheus: bool = False
     prometheus_port: int = 0
+    carbon_api_port: int = 0     # > 0: serve the emulated grid there (geoserve carbon-api)
     linger_s: float = 0.0        # keep services (and /metrics) up after the load, wall s
     procs: dict[str, Proc] = field(default_factory=dict)
     crashed: list[str] = field(default_factory=list)
@@ -206,11 +207,35 @@ class LocalRun:
             self._spawn(p)
         self._wait_all([self.procs["provisioner"], *sched_procs])
         self._wait_snapshots()
+        if self.carbon_api_port:
+            self._start_carbon_api(logs)
         if self.prometheus:
             self._wait_scrapes()
         self._monitor = threading.Thread(target=self._watch, daemon=True)
         self._stop_watch = threading.Event()
         self._monitor.start()
+
+    def _start_carbon_api(self, logs: Path) -> None:
+        """`geoserve carbon-api` on the run's epoch and dilation; ready when /health is."""
+        import urllib.request
+
+        addr = f"127.0.0.1:{self.carbon_api_port}"
+        p = Proc("carbon-api", ["services.cli", "carbon-api", "--topology", self.topology_arg,
+                                "--address", addr, *self.common[2:]], addr)
+        p.log = logs / "carbon-api.log"
+        self.procs["carbon-api"] = p
+        self._spawn(p)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            try:
+                urllib.request.urlopen(f"http://{addr}/health", timeout=1).close()
+                return
+            except OSError:
+                assert p.popen is not None
+                if p.popen.poll() is not None or time.monotonic() > deadline:
+                    tail = p.log.read_text()[-2000:] if p.log.exists() else ""
+                    raise Unavailable(f"carbon-api did not start:\n{tail}") from None
+                time.sleep(0.1)
 
     def _metrics_setup(self) -> None:
         """A /metrics port per process, the scrape config, optionally Prometheus itself."""

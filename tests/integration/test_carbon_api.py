@@ -157,3 +157,40 @@ def test_bad_requests_name_the_parameter(api: str, path: str, q: dict[str, str],
                                          field: str) -> None:
     got, body = _get(api, path, **q)
     assert got == code and body["error"].startswith(field), body
+
+
+def test_geoserve_run_serves_the_grid_its_dcs_account_with(tmp_path: Path) -> None:
+    """`geoserve run --carbon-api PORT`: during the run the API answers every DC of
+    small.yaml with the CI that the DC's carbon books use (the run stays inside one hour
+    of the traces, so each DC's mean CI in summary.json is that hour's value)."""
+    port = free_port()
+    log = (tmp_path / "run.log").open("wb")
+    run = subprocess.Popen([sys.executable, "-m", "services.cli", "run", "--topology", "small",
+                            "--duration", "8", "--carbon-api", str(port), "--out",
+                            str(tmp_path / "run")], cwd=ROOT, stdout=log,
+                           stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    seen: dict[str, float] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while run.poll() is None and time.monotonic() < deadline and len(seen) < 4:
+            try:
+                _, health = _get(base, "/health")
+            except OSError:
+                time.sleep(0.2)
+                continue
+            for loc in ("eu-nl", "eu-lt", "us-pjm", "us-nyiso"):
+                assert loc in health["locations"]
+                seen[loc] = _get(base, "/emissions/bylocation", location=loc)[1][0]["rating"]
+        assert run.wait(timeout=180) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        log.close()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    books = {d["dc"]: d["mean_ci_g_per_kwh"] for d in summary["dcs"]}
+    assert set(seen) == set(books)
+    for dc, v in seen.items():
+        assert v == pytest.approx(books[dc], rel=1e-9), dc
+    assert "carbon-api: http://127.0.0.1:" in (tmp_path / "run.log").read_text()
