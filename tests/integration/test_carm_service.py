@@ -111,6 +111,17 @@ async def _status_and_states(carm: str, dcs: dict[str, str]):
     return st, states
 
 
+async def _junk_status(addr: str) -> grpc.aio.AioRpcError:
+    async with grpc.aio.insecure_channel(addr) as ch:
+        call = ch.unary_unary("/geoserve.v1.Carm/Status", request_serializer=lambda b: b,
+                              response_deserializer=lambda b: b)
+        try:
+            await call(b"\xff\xff\xff junk", timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            return exc
+    raise AssertionError("junk bytes were accepted")
+
+
 def test_carm_service_plans_two_dc_processes_slot_by_slot(tmp_path):
     slot_s = 2.5
     topo = _topology(tmp_path, slot_s)
@@ -129,6 +140,10 @@ def test_carm_service_plans_two_dc_processes_slot_by_slot(tmp_path):
                      log=tmp_path / "carm.log") as (_, carm):
             time.sleep(3 * slot_s)
             st, states = asyncio.run(_status_and_states(carm, dcs))
+            junk = asyncio.run(_junk_status(carm))
+    # a Status call of undecodable bytes is refused at once, naming why
+    assert junk.code() == grpc.StatusCode.INVALID_ARGUMENT, junk
+    assert (junk.details() or "").startswith("undecodable request message")
     assert st.formulation == "performance-constrained"
     assert st.slot >= 3
     assert {p.dc for p in st.plans} == {"eu-a", "us-a"}
