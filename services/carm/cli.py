@@ -134,20 +134,30 @@ def cmd_joint(args: argparse.Namespace) -> int:
             cfg[k.strip()] = float(v)
         except ValueError:
             cfg[k.strip()] = v.strip()
+    try:
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidInput("--seeds", f"expected integers, got {args.seeds!r}") from None
+    if len(set(seeds)) != len(seeds):
+        raise InvalidInput("--seeds", f"expected distinct integers, got {args.seeds!r}")
     _silence_highs_banner()
-    rows = run_joint(args.topology, args.policy, cfg or None, args.duration,
-                     progress=lambda m: print(m, file=sys.stderr, flush=True))
+    from services.carm.joint import mean_rows
+
+    per_seed = run_joint(args.topology, args.policy, cfg or None, args.duration,
+                         progress=lambda m: print(m, file=sys.stderr, flush=True),
+                         seeds=seeds or None)
+    rows = mean_rows(per_seed)
     topo = load_topology(args.topology)
     if args.duration is not None:
         topo = topo.with_overrides(duration_s=args.duration)
     verdict = verdict_text(rows)
     print(verdict)
     if args.json:
-        print(json.dumps(rows, indent=2, default=str))
+        print(json.dumps(per_seed, indent=2, default=str))
     if args.out:
         out = Path(args.out)
         img = Path(args.img_dir) / "carm_joint.png"
-        write_joint(rows, topo, out, img, verdict)
+        write_joint(rows, topo, out, img, verdict, per_seed)
         print(f"wrote {out} and {img}")
     return 0
 
@@ -186,6 +196,9 @@ def register(subparsers: Any) -> None:
                     help="KEY=VALUE,... for the geo-scheduler (default alpha=0.5 for greedy)")
     jo.add_argument("--duration", type=float, default=None,
                     help="emulated seconds of load (default: the topology's)")
+    jo.add_argument("--seeds", default="",
+                    help="load seeds, comma-separated (default: the topology's); the report "
+                         "gives means over them and each seed's runs")
     jo.add_argument("--out", default=None, help="write the markdown here (e.g. "
                                                 "docs/carm-joint.md) and the PNG to --img-dir")
     jo.add_argument("--img-dir", default="docs/img")

@@ -17,7 +17,8 @@ Rules / theory of operation
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,24 @@ def variant(topo: Topology, policy: str, policy_config: dict[str, Any], control:
 
 def run_joint(topology: str = "joint", geo_policy: str = "greedy",
               geo_config: dict[str, Any] | None = None, duration_s: float | None = None,
-              progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+              progress: Callable[[str], None] | None = None,
+              seeds: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """The four runs for each load seed (default: the topology's), one row per run."""
+    rows: list[dict[str, Any]] = []
+    todo: list[int | None] = list(seeds) if seeds else [None]
+    for seed in todo:
+        rows += _run_joint_seed(topology, geo_policy, geo_config, duration_s, progress, seed)
+    return rows
+
+
+def _run_joint_seed(topology: str, geo_policy: str, geo_config: dict[str, Any] | None,
+                    duration_s: float | None, progress: Callable[[str], None] | None,
+                    seed: int | None) -> list[dict[str, Any]]:
     from services.sim.runtime import SimRun
 
     base = load_topology(topology)
+    if seed is not None:
+        base = base.with_overrides(seed=seed)
     if base.carm is None:
         from services.model.errors import InvalidInput
 
@@ -61,6 +76,7 @@ def run_joint(topology: str = "joint", geo_policy: str = "greedy",
         c = s["carm"]
         jobs = c["training_jobs"]
         row = {
+            "seed": base.load.seed,
             "config": label, "policy": policy + (f" (alpha={cfg['alpha']})" if pol == "GEO"
                                                  and "alpha" in cfg else ""),
             "carm": control == "carm",
@@ -84,9 +100,33 @@ def run_joint(topology: str = "joint", geo_policy: str = "greedy",
         }
         rows.append(row)
         if progress is not None:
-            progress(f"{label}: carbon {row['carbon_g']:.0f} g, SLO violation "
-                     f"{row['slo_violation_ratio']:.4f}, deadlines {row['deadlines_met']}/{jobs}")
+            progress(f"seed {base.load.seed}, {label}: carbon {row['carbon_g']:.0f} g, SLO "
+                     f"violation {row['slo_violation_ratio']:.4f}, deadlines "
+                     f"{row['deadlines_met']}/{jobs}")
     return rows
+
+
+def mean_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per configuration: the mean over seeds of every number (``n_seeds`` and, as
+    ``sd``, the sample standard deviation of each), in the order of `CONFIGS`."""
+    out = []
+    for label, _, _ in CONFIGS:
+        mine = [r for r in rows if r["config"] == label]
+        if not mine:
+            continue
+        m: dict[str, Any] = dict(mine[0])
+        m["n_seeds"] = len(mine)
+        m["sd"] = {}
+        for k, v in mine[0].items():
+            if isinstance(v, bool) or not isinstance(v, int | float) or k == "seed":
+                continue
+            vals = [float(r[k]) for r in mine]
+            mean = sum(vals) / len(vals)
+            m[k] = mean
+            m["sd"][k] = (math.sqrt(sum((x - mean) ** 2 for x in vals) / (len(vals) - 1))
+                          if len(vals) > 1 else 0.0)
+        out.append(m)
+    return out
 
 
 def _mean_freq(c: dict[str, Any]) -> float:
@@ -127,19 +167,24 @@ def _pct(x: float, ref: float) -> str:
 
 
 def write_joint(rows: list[dict[str, Any]], topo: Topology, out: Path, img: Path,
-                verdict: str) -> None:
+                verdict: str, per_seed: list[dict[str, Any]] | None = None) -> None:
+    """The report: `rows` one per configuration (means over seeds, `mean_rows`), and with
+    `per_seed` the runs of every seed."""
     from services.sweep.report import dataset_text
 
     _plot(rows, img)
     ref = rows[0]
+    seeds = sorted({r["seed"] for r in per_seed}) if per_seed else [topo.load.seed]
     assert topo.carm is not None
     lines = [
         "# Joint experiment: geo-scheduling x CA-RM",
         "",
         "Written by `geoserve carm joint` (`services/carm/joint.py`); virtual runtime, "
         f"topology `{Path(topo.path).name}`: {topo.description}; load "
-        f"{topo.load.rate_rps:g} req/s (dataset {dataset_text(topo.load.dataset)}, seed "
-        f"{topo.load.seed}) for "
+        f"{topo.load.rate_rps:g} req/s (dataset {dataset_text(topo.load.dataset)}, "
+        + (f"seeds {', '.join(map(str, seeds))}: means over the seeds, ± their sample "
+           "standard deviation" if len(seeds) > 1 else f"seed {seeds[0]}")
+        + ") for "
         f"{topo.load.duration_s / 3600:g} h of emulated time from `ci_start_hour` "
         f"{topo.ci_start_hour}; CA-RM slots of {topo.carm.slot_s:g} s, horizon "
         f"{topo.carm.horizon_slots} slots, formulation {topo.carm.formulation}"
@@ -161,16 +206,32 @@ def write_joint(rows: list[dict[str, Any]], topo: Topology, out: Path, img: Path
         "| training (kWh) | mean clock (MHz) |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    def sd(r: dict[str, Any], key: str, fmt: str) -> str:
+        v = r.get("sd", {}).get(key)
+        return f" ± {v:{fmt}}" if v is not None and r.get("n_seeds", 1) > 1 else ""
+
     for r in rows:
         lines.append(
             f"| {r['config']} | {r['policy']} | {'yes' if r['carm'] else 'no'} | "
-            f"{r['carbon_g']:.0f} | {_pct(r['carbon_g'], ref['carbon_g'])} | "
-            f"{r['slo_violation_ratio']:.4f} | {_ratio(r.get('ttft_violation_ratio'))} | "
+            f"{r['carbon_g']:.0f}{sd(r, 'carbon_g', '.0f')} | "
+            f"{_pct(r['carbon_g'], ref['carbon_g'])} | "
+            f"{r['slo_violation_ratio']:.4f}{sd(r, 'slo_violation_ratio', '.4f')} | "
+            f"{_ratio(r.get('ttft_violation_ratio'))} | "
             f"{_ratio(r.get('tpot_violation_ratio'))} | {r['ttft_p90_s']:.3f} | "
             f"{r['tpot_p90_s']:.4f} | "
-            f"{r['deadlines_met']}/{r['jobs']} | {100 * r['epochs_done_ratio']:.1f} % | "
+            f"{r['deadlines_met']:g}/{r['jobs']:g} | {100 * r['epochs_done_ratio']:.1f} % | "
             f"{100 * r['renewable_share']:.1f} % | "
             f"{r['facility_kwh']:.2f} | {r['training_kwh']:.2f} | {r['freq_mean_mhz']:.0f} |")
+    if per_seed and len(seeds) > 1:
+        lines += ["", "Per seed (carbon g / SLO violation ratio):", "",
+                  "| seed | " + " | ".join(lb for lb, _, _ in CONFIGS) + " |",
+                  "|---:|" + "---:|" * len(CONFIGS)]
+        for seed in seeds:
+            cells = []
+            for lb, _, _ in CONFIGS:
+                r = next(x for x in per_seed if x["seed"] == seed and x["config"] == lb)
+                cells.append(f"{r['carbon_g']:.0f} / {r['slo_violation_ratio']:.4f}")
+            lines.append(f"| {seed} | " + " | ".join(cells) + " |")
     lines += [
         "",
         f"![carbon, SLO violation and renewable share per configuration](img/{img.name})",
@@ -183,8 +244,9 @@ def write_joint(rows: list[dict[str, Any]], topo: Topology, out: Path, img: Path
         + ", ".join(f"{r['config']} {r['slot_latency_mean_s']:.3f} s" for r in rows if r["carm"])
         + ".",
         "",
-        "Reproduce: `geoserve carm joint --out docs/carm-joint.md` "
-        "(four virtual runs, about 5 minutes on 2 busy cores).",
+        "Reproduce: `geoserve carm joint --out docs/carm-joint.md"
+        + (f" --seeds {','.join(map(str, seeds))}" if len(seeds) > 1 else "")
+        + f"` ({4 * len(seeds)} virtual runs, about {4 * len(seeds)} minutes on 2 cores).",
         "",
     ]
     out.parent.mkdir(parents=True, exist_ok=True)

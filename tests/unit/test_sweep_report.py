@@ -166,3 +166,23 @@ def test_joint_verdict_names_the_budget_the_combination_misses() -> None:
     assert "TPOT p90 34.6 ms vs 20.9 / 28.2 ms" in text
     none = where_slo_cost(geo, both, carm)
     assert none.startswith("Neither the TTFT nor the TPOT violation ratio")
+
+
+def test_joint_means_over_seeds_with_the_sample_sd() -> None:
+    from services.carm.joint import CONFIGS, mean_rows
+
+    rows = []
+    for seed, carbon, viol in ((1, 100.0, 0.01), (2, 110.0, 0.03), (3, 120.0, 0.02)):
+        for label, _, control in CONFIGS:
+            rows.append({"seed": seed, "config": label, "policy": "p", "carm": control == "carm",
+                         "carbon_g": carbon, "slo_violation_ratio": viol, "deadlines_met": 2,
+                         "jobs": 2})
+    means = mean_rows(rows)
+    assert [m["config"] for m in means] == [lb for lb, _, _ in CONFIGS]
+    m = means[0]
+    assert m["n_seeds"] == 3
+    assert m["carbon_g"] == pytest.approx(110.0)          # (100 + 110 + 120) / 3
+    assert m["sd"]["carbon_g"] == pytest.approx(10.0)     # sqrt((100 + 0 + 100) / 2)
+    assert m["slo_violation_ratio"] == pytest.approx(0.02)
+    assert m["sd"]["slo_violation_ratio"] == pytest.approx(0.01)
+    assert m["carm"] is False and m["deadlines_met"] == 2
