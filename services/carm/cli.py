@@ -150,7 +150,11 @@ def cmd_joint(args: argparse.Namespace) -> int:
     topo = load_topology(args.topology)
     if args.duration is not None:
         topo = topo.with_overrides(duration_s=args.duration)
+    from services.carm.joint import seed_consistency
+
     verdict = verdict_text(rows)
+    if seed_consistency(per_seed):
+        verdict += "\n\n" + seed_consistency(per_seed)
     print(verdict)
     if args.json:
         print(json.dumps(per_seed, indent=2, default=str))

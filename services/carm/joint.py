@@ -303,6 +303,24 @@ def verdict_text(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def seed_consistency(per_seed: list[dict[str, Any]]) -> str:
+    """In how many seeds each comparison of the verdict holds ('' for one seed)."""
+    seeds = sorted({r["seed"] for r in per_seed})
+    if len(seeds) < 2:
+        return ""
+    by = {(r["seed"], r["config"]): r for r in per_seed}
+    n = len(seeds)
+    less_geo = sum(by[(s, "both")]["carbon_g"] < by[(s, "geo alone")]["carbon_g"] for s in seeds)
+    less_carm = sum(by[(s, "both")]["carbon_g"] < by[(s, "CA-RM alone")]["carbon_g"]
+                    for s in seeds)
+    slo_worse = sum(by[(s, "both")]["slo_violation_ratio"]
+                    > max(by[(s, "geo alone")]["slo_violation_ratio"],
+                          by[(s, "CA-RM alone")]["slo_violation_ratio"]) for s in seeds)
+    return (f"Per seed: the combination emits less carbon than geo alone in {less_geo} of {n} "
+            f"seeds and less than CA-RM alone in {less_carm} of {n}; its SLO violation ratio is "
+            f"above both parts' in {slo_worse} of {n}.")
+
+
 def where_slo_cost(both: dict[str, Any], geo: dict[str, Any], carm: dict[str, Any]) -> str:
     """Which budget the combination misses more often than either part alone (TTFT, TPOT),
     from the per-budget violation ratios, with the p90s beside them."""

@@ -186,3 +186,20 @@ def test_joint_means_over_seeds_with_the_sample_sd() -> None:
     assert m["slo_violation_ratio"] == pytest.approx(0.02)
     assert m["sd"]["slo_violation_ratio"] == pytest.approx(0.01)
     assert m["carm"] is False and m["deadlines_met"] == 2
+
+
+def test_joint_seed_consistency_counts_each_comparison() -> None:
+    from services.carm.joint import seed_consistency
+
+    def run(seed: int, config: str, carbon: float, viol: float) -> dict:
+        return {"seed": seed, "config": config, "carbon_g": carbon, "slo_violation_ratio": viol}
+
+    rows = [run(1, "both", 90, 0.03), run(1, "geo alone", 95, 0.01),
+            run(1, "CA-RM alone", 92, 0.02),
+            run(2, "both", 99, 0.01), run(2, "geo alone", 95, 0.01),
+            run(2, "CA-RM alone", 92, 0.02)]
+    text = seed_consistency(rows)
+    assert "less carbon than geo alone in 1 of 2 seeds" in text
+    assert "less than CA-RM alone in 1 of 2" in text
+    assert "above both parts' in 1 of 2" in text
+    assert seed_consistency([r for r in rows if r["seed"] == 1]) == ""
