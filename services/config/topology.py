@@ -9,16 +9,19 @@ Rules
   Δw = 100 ms or 300 requests, PUE 1.1, 4 nodes x 8 GPUs per DC.
 * The RTT matrix comes from the CloudPing p50 file through each region's ``aws_region``
   (``services.config.rtt``); ``network.rtt_ms`` entries override single pairs.
-* Carbon intensity per DC: ``{constant: g}`` or an hourly Electricity Maps trace
-  (``{trace: auto|path, zone: NL, start_hour: ...}``); ``ci_start_hour`` at the top level is
-  the default start hour of every trace.
+* Carbon intensity per DC: ``{constant: g}``, an hourly Electricity Maps trace
+  (``{trace: auto|path, zone: NL, start_hour: ...}``), or a provider's file at 5-minute to
+  hourly steps (``format: emaps-csv | emaps-json | watttime-csv``,
+  ``services.model.signals``); ``ci_start_hour`` at the top level is the default start of
+  every trace (an hour index of hourly traces; give sub-hourly ones an ISO time).
 * ``carm:`` (optional, paper 2 in the emulator) configures the CA-RM controller: slot length
   and horizon, formulation (``performance``: Problem 2, the default; ``carbon``: Problem 1;
   ``ppc``: Problem 3), renewable emission factor, the hour of the renewable trace day at emulated
   t = 0, and per DC (a value for all DCs, overridden under ``carm.dcs.<name>``) the PV and
   wind peak power and the training cluster (nodes and a job set); ``control: none`` keeps
   the supply and the jobs but no CA-RM (top clock, training as soon as it can, the reference
-  of experiments). Absent: ``Topology.carm`` is None and nothing changes.
+  of experiments); ``ci_forecast_error`` gives the planner's grid CI forecast a relative
+  error (0: the trace). Absent: ``Topology.carm`` is None and nothing changes.
 * CLI overrides (policy, rate, duration, dilation) return a new frozen `Topology`.
 """
 
