@@ -158,6 +158,11 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def _count(v: float) -> str:
+    """A count, or a mean count over seeds (one decimal)."""
+    return f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
+
+
 def _ratio(v: float | None) -> str:
     return "–" if v is None or v != v else f"{v:.4f}"
 
@@ -219,7 +224,8 @@ def write_joint(rows: list[dict[str, Any]], topo: Topology, out: Path, img: Path
             f"{_ratio(r.get('ttft_violation_ratio'))} | "
             f"{_ratio(r.get('tpot_violation_ratio'))} | {r['ttft_p90_s']:.3f} | "
             f"{r['tpot_p90_s']:.4f} | "
-            f"{r['deadlines_met']:g}/{r['jobs']:g} | {100 * r['epochs_done_ratio']:.1f} % | "
+            f"{_count(r['deadlines_met'])}/{_count(r['jobs'])} | "
+            f"{100 * r['epochs_done_ratio']:.1f} % | "
             f"{100 * r['renewable_share']:.1f} % | "
             f"{r['facility_kwh']:.2f} | {r['training_kwh']:.2f} | {r['freq_mean_mhz']:.0f} |")
     if per_seed and len(seeds) > 1:
@@ -263,8 +269,8 @@ def verdict_text(rows: list[dict[str, Any]]) -> str:
         better = "less" if dc < 0 else "more"
         out.append(f"- Both vs {name}: {abs(dc):.1f} % {better} carbon; SLO violation "
                    f"{both['slo_violation_ratio']:.4f} vs {other['slo_violation_ratio']:.4f}; "
-                   f"deadlines met {both['deadlines_met']} vs {other['deadlines_met']} "
-                   f"of {both['jobs']}.")
+                   f"deadlines met {_count(both['deadlines_met'])} vs "
+                   f"{_count(other['deadlines_met'])} of {_count(both['jobs'])}.")
     save_geo = ref["carbon_g"] - geo["carbon_g"]
     save_carm = ref["carbon_g"] - carm["carbon_g"]
     save_both = ref["carbon_g"] - both["carbon_g"]
