@@ -29,34 +29,38 @@ class LeastLoadedPolicy(Policy):
     def __init__(self, config: object = None, deps: PolicyDeps | None = None) -> None:
         super().__init__(config, deps)
         self._seq: int | None = None
-        self._pending: dict[str, float] = {}
+        self._names: Sequence[str] = ()
+        # per snapshot, in its DC order: own dispatches since it (per engine), the
+        # batch capacities and 1 / engines (constant while the snapshot is)
+        self._pending: list[float] = []
+        self._max_batch: list[float] = []
+        self._inv_eng: list[float] = []
 
     def decide_window(
         self, requests: Sequence[RequestView], snapshot: SnapshotView, region: str, now_s: float
     ) -> Decision:
-        if snapshot.seq != self._seq:
-            self._seq = snapshot.seq
-            self._pending = {}
         est = self.estimator
         dcs = est.dc_arrays(snapshot)
         names = dcs.names
-        pending = [self._pending.get(n, 0.0) for n in names]
-        base = (dcs.batch + dcs.waiting).tolist()
-        max_batch = dcs.max_batch.tolist()
+        if snapshot.seq != self._seq or names != self._names:
+            self._seq, self._names = snapshot.seq, names
+            self._pending = [0.0] * len(names)
+            self._max_batch = dcs.max_batch.tolist()
+            self._inv_eng = [1.0 / max(e, 1.0) for e in dcs.engines.tolist()]
+        pending, max_batch, inv_eng = self._pending, self._max_batch, self._inv_eng
+        batch = dcs.batch.tolist()
+        waiting = dcs.waiting.tolist()
         q = dcs.queue_tokens.tolist()
+        # ties go to fewer queued tokens: a term below any load difference
         q_top = 1.0 + max([0.0, *q])
-        tie = [1e-9 * (x / q_top) for x in q]
-        inv_eng = [1.0 / max(e, 1.0) for e in dcs.engines.tolist()]
         assign = []
         for r in requests:  # plain floats: a few eligible DCs per request
             best, best_load = -1, math.inf
             for d in est.eligible_indices(snapshot, r.model):
-                load = (base[d] + pending[d]) / max_batch[d] + tie[d]
+                load = (batch[d] + waiting[d] + pending[d]) / max_batch[d] + 1e-9 * (q[d] / q_top)
                 if load < best_load:
                     best, best_load = d, load
             assign.append(best)
             if best >= 0:
                 pending[best] += inv_eng[best]
-        for i, n in enumerate(names):
-            self._pending[n] = pending[i]
-        return self.build(dcs.names, assign, [""] * len(requests), "heuristic")
+        return self.build(names, assign, [""] * len(requests), "heuristic")
