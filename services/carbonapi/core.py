@@ -27,6 +27,7 @@ from typing import Any
 
 from services.model.carbon import CIForecast, CISource, step_of
 from services.model.errors import InvalidInput
+from services.model.signals import utc_time
 
 FORECAST_H = 24
 HISTORY_H = 24
@@ -63,12 +64,16 @@ class CarbonApi:
             self._by.setdefault(s.zone, s)
 
     # ------------------------------------------------------------------ calendar
+    def locations(self) -> list[str]:
+        """Every name a location can be asked by: DC names and zone ids."""
+        return sorted(self._by)
+
     def site(self, location: str | None, field: str = "location") -> Site:
         if not location:
-            raise InvalidInput(field, f"required; one of {sorted(self._by)}")
+            raise InvalidInput(field, f"required; one of {self.locations()}")
         s = self._by.get(location)
         if s is None:
-            raise InvalidInput(field, f"unknown location {location!r}; known: {sorted(self._by)}")
+            raise InvalidInput(field, f"unknown location {location!r}; known: {self.locations()}")
         return s
 
     def _origin(self, s: Site) -> datetime:
@@ -83,10 +88,9 @@ class CarbonApi:
         if text is None or text == "":
             return default
         try:
-            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            when = utc_time(text)
         except ValueError:
             raise InvalidInput(field, f"expected an ISO 8601 time, got {text!r}") from None
-        when = when.replace(tzinfo=UTC) if when.tzinfo is None else when
         t = (when - self._origin(s)).total_seconds()
         if not math.isfinite(t):
             raise InvalidInput(field, f"out of range: {text!r}")
@@ -233,6 +237,6 @@ def route(api: CarbonApi, path: str, query: Mapping[str, list[str]]) -> Any:
         "/v3/carbon-intensity/latest": lambda: api.em_latest(one.get("zone")),
         "/v3/carbon-intensity/history": lambda: api.em_history(one.get("zone")),
         "/v3/carbon-intensity/forecast": lambda: api.em_forecast(one.get("zone")),
-        "/health": lambda: {"status": "ok", "locations": sorted(api._by)},
+        "/health": lambda: {"status": "ok", "locations": api.locations()},
     }
     return routes[path.rstrip("/") or "/"]()

@@ -192,10 +192,11 @@ class CarmController:
                 ci = np.full(load.shape, site.default_grid_g_per_wh)
             inst, used = self._instance(site, now_s, load, sup, ci)
             try:
-                plan = methods.run(self.formulation, inst, methods.MethodConfig(milp=self.opts))
+                plan: Plan | None = methods.run(self.formulation, inst,
+                                                methods.MethodConfig(milp=self.opts))
             except InvalidInput:  # Problem 1's budget needs every job done in the horizon
-                plan = milp.solve_carbon(inst, 1e18, self.opts)
-            if not plan.feasible or plan.info.status == "no_solution":
+                plan = None
+            if plan is None or not plan.feasible or plan.info.status == "no_solution":
                 plan = milp.solve_carbon(inst, 1e18, self.opts)
             out.append(self._record(site, inst, plan, used))
         return out

@@ -420,7 +420,6 @@ class Engine:
             self._decode_share_j += energy / max(len(work.batch), 1)
             if self.token_gaps is not None:
                 self.token_gaps.add_run(work.ends, work.batch)
-            self.generation_tokens += len(work.batch)
             fast = 0
             bt = self.block_tokens
             for req in work.batch:
@@ -435,9 +434,9 @@ class Engine:
                     fast += 1
                 else:
                     req.generated = g
-                    self.generation_tokens -= 1  # counted by _produce_token
                     self._produce_token(req, now, events)
             self._kv_tokens += fast
+            self.generation_tokens += fast  # the others counted by _produce_token
             self._phase_start = True
         if not self.running and not self.waiting:
             self._idle_since = now

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from services.model.errors import ConfigError, InvalidInput, UsageError
-from services.model.signals import FORMATS, read_signal
+from services.model.signals import FORMATS, read_signal, utc_time
 
 SECONDS_PER_HOUR = 3600.0
 TIME_COLUMN = "datetime_utc"
@@ -458,10 +458,9 @@ def _build_signal(m: Mapping[str, Any], key_path: str, source: str, base: Path |
 
 def _parse_utc(source: str, key: str, text: str) -> datetime:
     try:
-        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return utc_time(text)
     except ValueError:
         raise ConfigError(source, key, f"not an ISO UTC time: {text!r}") from None
-    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
 class CIRegistry:

@@ -48,12 +48,17 @@ class Signal:
     first_utc: datetime
 
 
+def utc_time(text: str) -> datetime:
+    """An ISO 8601 time as an aware UTC datetime (no zone: UTC); ValueError if it is none."""
+    t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
 def _utc(path: Path, where: str, text: str) -> datetime:
     try:
-        t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        return utc_time(text)
     except ValueError:
         raise ConfigError(str(path), where, f"not an ISO timestamp: {text!r}") from None
-    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
 def _number(path: Path, where: str, text: Any, scale: float = 1.0) -> float:
